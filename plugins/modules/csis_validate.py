@@ -55,7 +55,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 problems:
-  description: Every problem found, one string each (C(<file>: <key>: <message>)).
+  description: "Every problem found, one string each: C(<file>: <key>: <message>)."
   returned: always
   type: list
   elements: str

@@ -1,0 +1,95 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What csis_render does, as one library call (the module only maps options)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+from . import models as m
+from .config import load_and_validate
+from .emit import EmitError, compare, fmt_texts, prepare_roots, unified, write_root
+from .launch import compute_launch_params, immutability_problems, pending_replacement
+from .loader import ConfigError, Tree
+from .render import LIFECYCLES, RenderOptions, RootPlan, plan_roots
+from .tfcli import env_overrides
+from .validate import Validation
+
+GENERATED_GITIGNORE = """# written by csis.infra: run output, never commit
+.terraform/
+*.tfstate
+*.tfstate.*
+tfplan
+*.tfplan
+*.csis-binding.json
+unmount-receipts/
+"""
+
+
+def immutability_rule(v: Validation) -> None:
+    computed = {}
+    replacing = {}
+    for name, inst in v.t.instances.items():
+        if v.t.instance_builder_for(inst) is None or v.t.image_of(inst) is None:
+            continue
+        if any(s.name not in v.t.storages or v.t.storage_builder_for(v.t.storages[s.name]) is None for s in inst.storages):
+            continue
+        replacing[name] = pending_replacement(v.meta, name)
+        computed[name] = compute_launch_params(v.t, v.meta, inst, replacing=replacing[name])
+    v.problems.extend(immutability_problems(v.t, v.meta, computed, replacing))
+
+
+def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, only_runtime: Optional[str] = None,
+           apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
+           check_mode: bool = False, want_diff: bool = False, prepare: bool = True, workers: int = 4,
+           extra_env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """Validate, plan, write and prepare the roots. Raises ConfigError / EmitError."""
+    for lc in lifecycles:
+        if lc not in LIFECYCLES:
+            raise ConfigError([])  # pragma: no cover - the module's choices prevent it
+    tree, meta = load_and_validate(config_root, overlays=overlays, undeclare=undeclare, extra=[immutability_rule])
+    for name in (only_runtime, apply_runtime):
+        if name and tree.runtime(name) is None:
+            from .loader import Problem
+            raise ConfigError([Problem("", "", "runtime '%s' (only_runtime/apply_runtime) is not declared in cfg/runtime-builders.yml" % name)])
+    opts = RenderOptions(dry_run=dry_run, only_runtime=only_runtime, apply_runtime=apply_runtime)
+    plans: List[RootPlan] = []
+    for lc in lifecycles:
+        plans.extend(plan_roots(tree, meta, lc, opts))
+    results = []
+    changed = False
+    diffs: List[Dict[str, str]] = []
+    for p in plans:
+        directory = os.path.join(tree.root, p.directory)
+        files = fmt_texts(p.files, p.binary)
+        res = compare(directory, files, want_diff)
+        changed = changed or res.changed
+        diffs.extend(res.diff)
+        if res.changed and not check_mode:
+            write_root(directory, files)
+        results.append((p, res))
+    gi = os.path.join(tree.root, "generated", ".gitignore")
+    if plans and not check_mode and not os.path.exists(gi):
+        os.makedirs(os.path.dirname(gi), exist_ok=True)
+        with open(gi, "w", encoding="utf-8") as fh:
+            fh.write(GENERATED_GITIGNORE)
+    commands: Dict[str, Any] = {}
+    if prepare and not check_mode and plans:
+        commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans],
+                                 dry_run=dry_run, workers=workers, extra_env=extra_env)
+    roots = []
+    for p, res in results:
+        d = p.as_dict(tree.root)
+        d.update({"changed": res.changed, "added": res.added, "removed": res.removed, "modified": res.modified,
+                  "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]})
+        roots.append(d)
+    return {
+        "changed": changed,
+        "config_root": tree.root,
+        "roots": roots,
+        "diff": diffs,
+        "tf_env": env_overrides(),
+        "warnings": [w for p in plans for w in p.warnings],
+        "undeclared": list(tree.undeclared),
+    }

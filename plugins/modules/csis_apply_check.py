@@ -1,0 +1,149 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: csis_apply_check
+short_description: Re-read the apply flags at execution time and refuse an apply they do not allow now
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - Run just before an apply. Reads C(cfg/_config.yml) and each overlay's C(config:) mapping as
+    they are now (plain YAML, no model; overlays in order, later wins) and fails unless the
+    lifecycle's apply flag allows the root.
+  - Flags - V(storage) uses C(apply_storage); V(instance-image) (alias V(instances)) uses
+    C(apply_instances); V(identity) uses C(apply_identity) when any file sets it, else it is
+    allowed when C(apply_storage) or C(apply_instances) allows the root.
+  - A flag is V(true)/V(false) (null means false) or a list of builder/runtime names (the root
+    or one of O(root_alias) must be listed). Anything else, such as the quoted string C("false"),
+    is refused naming the file and key.
+  - >-
+    Refusals: C(apply-check: no cfg/_config.yml found from the working directory up; refusing to apply),
+    C(apply-check: overlay <path> is gone; refusing to apply),
+    C(apply_<lc> is <value> NOW in <file> for root '<B>' -- not applying.) where C(<file>) is the
+    file the effective value came from (the overlay when an overlay set it).
+options:
+  lifecycle:
+    description: The lifecycle whose flag decides.
+    type: str
+    required: true
+    choices: [identity, storage, instance-image, instances]
+  config_root:
+    description:
+      - The configuration root (the directory holding C(cfg/_config.yml)). When omitted, the
+        module walks up from O(search_from) looking for C(cfg/_config.yml).
+    type: path
+  search_from:
+    description: Where the walk up starts when O(config_root) is omitted. Default the module's working directory.
+    type: path
+  root:
+    description: The root's builder name. Without it a list flag allows nothing.
+    type: str
+  root_alias:
+    description: Other names the root answers to in a list flag (its runtime name).
+    type: list
+    elements: str
+    default: []
+  overlays:
+    description: Overlay files (relative to the configuration root unless absolute); each must still exist.
+    type: list
+    elements: path
+    default: []
+  apply_runtime:
+    description:
+      - Narrow the apply to the roots of this runtime (storage and instance-image only).
+        It never widens - a flag that is off now stays off.
+    type: str
+notes:
+  - No side effects; check mode runs the same check.
+seealso:
+  - module: csis.infra.csis_gate_plan
+    description: Refuses unsanctioned destroys and stale plans.
+  - module: csis.infra.csis_plan_binding
+    description: Binds the plan file to the root's content.
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+'''
+
+EXAMPLES = r'''
+- name: Refuse the apply unless apply_instances allows this root now
+  csis.infra.csis_apply_check:
+    config_root: "{{ csis_config_root }}"
+    lifecycle: instance-image
+    root: aws-instances
+    root_alias: [aws-eu]
+    overlays: "{{ csis_overlays | default([]) }}"
+    apply_runtime: "{{ csis_apply_runtime | default(omit) }}"
+'''
+
+RETURN = r'''
+allowed:
+  description: Always true when the module succeeds.
+  returned: success
+  type: bool
+  sample: true
+flag:
+  description: The flag's value as read now (before any apply_runtime narrowing).
+  returned: success
+  type: raw
+  sample: ["aws-eu"]
+source:
+  description: The file the effective value came from.
+  returned: success
+  type: str
+  sample: /srv/cfg/cfg/_config.yml
+key:
+  description: The configuration key that decided.
+  returned: success
+  type: str
+  sample: apply_instances
+files_read:
+  description: Every file read, in order.
+  returned: success
+  type: list
+  elements: str
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.applycheck import (
+    ApplyCheckRefused, check_apply,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            lifecycle=dict(type='str', required=True, choices=['identity', 'storage', 'instance-image', 'instances']),
+            config_root=dict(type='path'),
+            search_from=dict(type='path'),
+            root=dict(type='str'),
+            root_alias=dict(type='list', elements='str', default=[]),
+            overlays=dict(type='list', elements='path', default=[]),
+            apply_runtime=dict(type='str'),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        result = check_apply(p['lifecycle'], root=p['root'], root_alias=p['root_alias'],
+                             overlays=p['overlays'], apply_runtime=p['apply_runtime'],
+                             config_root=p['config_root'], search_from=p['search_from'])
+    except ApplyCheckRefused as exc:
+        module.fail_json(msg=str(exc), changed=False, allowed=False)
+    result['changed'] = False
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

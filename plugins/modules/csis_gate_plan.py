@@ -1,0 +1,229 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: csis_gate_plan
+short_description: Refuse a terraform plan that destroys what nobody sanctioned, or that is stale
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - Reads a saved plan as JSON (C(<binary_path> show -json <plan_file>) run in O(project_path)
+    with the collection's terraform CLI configuration) and classifies every resource change.
+  - Every change whose actions include C(delete) is a destroy, so both replacement orders
+    (C(["delete","create"]) and C(["create","delete"])) count; replacements are also reported
+    on their own. C(["forget"]) (a C(removed) block) is reported but is not a destroy;
+    C(read) and C(no-op) are ignored; an action the module does not know is refused.
+  - >-
+    Each destroy that no O(allow_destroy) entry covers is refused with
+    C(DESTROY NOT WHITELISTED: <address>); all of them are listed.
+  - >-
+    Each O(require_unmounted) pair without a successful unmount receipt is refused with
+    C(DETACH NOT UNMOUNTED: <instance>:<storage> has no successful unmount receipt).
+  - >-
+    The plan must be bound to the root's content by M(csis.infra.csis_plan_binding)
+    (O(csis.infra.csis_plan_binding#module:state=opened) just before the plan). A missing
+    plan, a plan without a binding, or a root whose files changed since the opening is
+    refused with C(STALE PLANFILE: ...) naming the changed files. File times are not used.
+  - When the plan passes, the module records the plan file's sha256 and its verdict in the
+    binding, for O(csis.infra.csis_plan_binding#module:state=verified) to check just before
+    the apply. A refusal clears any earlier gate record.
+options:
+  project_path:
+    description:
+      - The terraform root the plan was made in. Required with O(plan_file).
+    type: path
+  plan_file:
+    description:
+      - The saved plan (C(terraform plan -out=...)), relative to O(project_path) unless absolute.
+      - Mutually exclusive with O(plan_json).
+    type: path
+  plan_json:
+    description:
+      - An already-rendered C(show -json) output, for offline use and tests. No binding is
+        read or written; only the destroy and receipt checks run.
+    type: path
+  binary_path:
+    description: The terraform or OpenTofu executable.
+    type: str
+    default: terraform
+  allow_destroy:
+    description:
+      - Whitelist of addresses whose destroys are sanctioned. An entry covers the addresses
+        it is a whole-segment prefix of (V(module.instance_test) covers
+        V(module.instance_test.aws_instance.this), V(module.instance_test["x"].aws_instance.this)
+        and V(module.instance_test[0].aws_instance.this), never
+        V(module.instance_test2.aws_instance.this)); an exact address covers itself.
+    type: list
+    elements: str
+    default: []
+  require_unmounted:
+    description:
+      - V(<instance>:<storage>) pairs that must have a successful unmount receipt
+        C(<receipts_dir>/<instance>__<storage>.json) (JSON, matching names, C(ok) true).
+    type: list
+    elements: str
+    default: []
+  receipts_dir:
+    description: Where unmount receipts are. Default C(<project_path>/unmount-receipts).
+    type: path
+  receipts_since_binding:
+    description:
+      - Refuse receipts whose C(time) is before the binding was opened, so a receipt left by an
+        earlier run does not count (open the binding before the unmount step). Ignored with O(plan_json).
+    type: bool
+    default: true
+notes:
+  - Check mode evaluates the plan fully but does not write the binding.
+  - Diff mode returns the touched addresses before and after the plan.
+  - Always returns C(changed=false).
+seealso:
+  - module: csis.infra.csis_plan_binding
+    description: Binds the plan file to the root's content.
+  - module: csis.infra.csis_apply_check
+    description: Re-reads the apply flags just before the apply.
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+'''
+
+EXAMPLES = r'''
+- name: Open the plan binding (just before the plan)
+  csis.infra.csis_plan_binding:
+    project_path: "{{ root_dir }}"
+    plan_file: tfplan
+    state: opened
+
+- name: Plan
+  community.general.terraform:
+    project_path: "{{ root_dir }}"
+    plan_file: "{{ root_dir }}/tfplan"
+    state: planned
+
+- name: Gate the plan
+  csis.infra.csis_gate_plan:
+    project_path: "{{ root_dir }}"
+    plan_file: tfplan
+    allow_destroy:
+      - module.instance_test
+      - module.instance_web.aws_volume_attachment.this
+    require_unmounted:
+      - web:data
+'''
+
+RETURN = r'''
+adds:
+  description: Resources to create (replacements included).
+  returned: when the plan was read
+  type: int
+  sample: 2
+changes:
+  description: Resources to update in place.
+  returned: when the plan was read
+  type: int
+  sample: 0
+destroys:
+  description: Resources to destroy (pure destroys plus replacements).
+  returned: when the plan was read
+  type: int
+  sample: 1
+replacements:
+  description: Resources to replace (either order).
+  returned: when the plan was read
+  type: int
+  sample: 1
+forgets:
+  description: Resources to remove from state without destroying them.
+  returned: when the plan was read
+  type: int
+  sample: 0
+addresses:
+  description: Addresses by kind (C(delete) holds pure destroys; C(replace) the replacements).
+  returned: when the plan was read
+  type: dict
+  sample: {"create": ["terraform_data.y"], "update": [], "delete": [], "replace": ["terraform_data.x"], "forget": []}
+whitelisted:
+  description: Destroys admitted, each with the entry that admitted it.
+  returned: when the plan was read
+  type: list
+  elements: dict
+  sample: [{"address": "module.instance_test.aws_instance.this", "entry": "module.instance_test", "kind": "replace"}]
+violations:
+  description: Every refusal line (also joined into C(msg) on failure).
+  returned: always
+  type: list
+  elements: str
+  sample: ["DESTROY NOT WHITELISTED: terraform_data.x"]
+summary:
+  description: One human line.
+  returned: when the plan was read
+  type: str
+  sample: "Plan: 2 to add, 0 to change, 1 to destroy (1 replacement); 1 destroy whitelisted by module.instance_test"
+plan_sha256:
+  description: sha256 of the plan file the gate read (recorded in the binding on a pass).
+  returned: with plan_file, when the plan was read
+  type: str
+binding:
+  description: Path of the binding file.
+  returned: with plan_file
+  type: str
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.gate import (
+    GateError, GateRefused, run_gate,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            project_path=dict(type='path'),
+            plan_file=dict(type='path'),
+            plan_json=dict(type='path'),
+            binary_path=dict(type='str', default='terraform'),
+            allow_destroy=dict(type='list', elements='str', default=[]),
+            require_unmounted=dict(type='list', elements='str', default=[]),
+            receipts_dir=dict(type='path'),
+            receipts_since_binding=dict(type='bool', default=True),
+        ),
+        mutually_exclusive=[('plan_file', 'plan_json')],
+        required_one_of=[('plan_file', 'plan_json')],
+        required_by={'plan_file': 'project_path'},
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        result = run_gate(
+            p['project_path'], p['plan_file'], plan_json=p['plan_json'], binary_path=p['binary_path'],
+            allow_destroy=p['allow_destroy'], require_unmounted=p['require_unmounted'],
+            receipts_dir=p['receipts_dir'], receipts_since_binding=p['receipts_since_binding'],
+            check_mode=module.check_mode,
+        )
+    except GateRefused as exc:
+        res = dict(exc.result)
+        res.pop('diff', None)
+        res['changed'] = False
+        res['violations'] = exc.messages
+        module.fail_json(msg="\n".join(exc.messages), **res)
+    except GateError as exc:
+        module.fail_json(msg="gate: %s" % exc, changed=False, violations=[])
+    diff = result.pop('diff', None)
+    result['violations'] = []
+    if module._diff and diff is not None:
+        result['diff'] = diff
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

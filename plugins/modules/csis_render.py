@@ -1,0 +1,176 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_render
+short_description: Render the terraform roots of a csis.infra lifecycle
+version_added: 0.1.0
+description:
+  - Validates the configuration tree (exactly as M(csis.infra.csis_validate); nothing is
+    written when any rule fails), plans the roots of the requested lifecycles and writes
+    them under C(<config_root>/generated/<lifecycle>/<builder>/<phase>/).
+  - Each root is replaced as a whole (staged, formatted, then swapped in); files that
+    csis.infra did not generate (C(.terraform/), local state, plan files) are kept.
+  - Then runs C(fmt -check), C(init) and C(validate) in every root, in parallel.
+    C(init) is C(init -backend=false) in a dry run and
+    C(init -reconfigure -backend-config=<backend file>) otherwise.
+  - Returns, per root, what the playbooks need to plan, gate and apply it.
+  - Writes no meta-state; recording happens only after an apply (M(csis.infra.csis_record)).
+author:
+  - csis.infra maintainers
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  lifecycle:
+    description: The lifecycles to render, in order.
+    type: list
+    elements: str
+    choices: [identity, storage, instance-image]
+    required: true
+  dry_run:
+    description:
+      - A dry run renders and validates with C(init -backend=false) (no backend is reached).
+      - A real run initialises every root against its state backend.
+    type: bool
+    default: true
+  only_runtime:
+    description: Render only the roots whose builder runs on this runtime; the others emit nothing.
+    type: str
+  apply_runtime:
+    description:
+      - Narrow which roots may apply to the roots of this runtime (never turns on an apply flag
+        that C(cfg/_config.yml) has off). Implies I(only_runtime).
+    type: str
+  overlays:
+    description: Overlay files (relative paths are relative to I(config_root)), applied in order.
+    type: list
+    elements: path
+    default: []
+  undeclare:
+    description: Instance names treated as removed for this run (a decommission).
+    type: list
+    elements: str
+    default: []
+  prepare:
+    description: Run fmt/init/validate in each root after writing it.
+    type: bool
+    default: true
+  workers:
+    description: How many roots are prepared in parallel.
+    type: int
+    default: 4
+attributes:
+  check_mode:
+    support: full
+    details: Validates and reports which roots and files would change; writes nothing and runs no terraform init.
+  diff_mode:
+    support: full
+    details: Shows a unified diff of every generated file that would change.
+notes:
+  - Terraform runs with the collection's CLI configuration (provider mirror and shared plugin cache);
+    see C(docs/terraform.md).
+"""
+
+EXAMPLES = r"""
+- name: Render the storage roots (dry run)
+  csis.infra.csis_render:
+    config_root: "{{ csis_root }}"
+    lifecycle: [storage]
+
+- name: Render the instance roots for a real run, on one runtime
+  csis.infra.csis_render:
+    config_root: "{{ csis_root }}"
+    lifecycle: [instance-image]
+    dry_run: false
+    apply_runtime: aws-east2-runtime
+  register: rendered
+"""
+
+RETURN = r"""
+roots:
+  description: One entry per rendered root.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    directory: {description: Absolute path of the root., type: str}
+    lifecycle: {description: The lifecycle., type: str}
+    builder: {description: The builder (terraform workspace)., type: str}
+    runtime: {description: The builder's runtime., type: str}
+    backend_file: {description: The partial backend file name, or null without state backends., type: str}
+    binary: {description: The terraform/tofu binary of the builder's executable., type: str}
+    may_apply: {description: Whether the lifecycle's apply flag allows this root (narrowed by apply_runtime)., type: bool}
+    allow_destroy: {description: The destroy whitelist for the gate., type: list, elements: str}
+    replace: {description: Addresses to plan with -replace., type: list, elements: str}
+    require_unmounted: {description: "C(instance:storage) pairs that need an unmount receipt.", type: list, elements: str}
+    transitions_before: {description: Storage transitions to run after the gate and before the apply., type: list, elements: dict}
+    transitions_after: {description: Storage transitions to run after a successful apply., type: list, elements: dict}
+    instances: {description: Instances of the root with their launch parameters., type: dict}
+    storages: {description: Storages of the root with their requested and recorded states., type: dict}
+    changed: {description: Whether this root's files changed., type: bool}
+tf_env:
+  description: Environment for terraform tasks (the collection's CLI configuration).
+  returned: success
+  type: dict
+warnings_list:
+  description: Generation warnings (for example an instance with no resolvable AMI).
+  returned: success
+  type: list
+  elements: str
+problems:
+  description: Validation problems (on failure).
+  returned: failure
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.emit import EmitError, unified
+from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.service import render
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config_root=dict(type="path", required=True),
+            lifecycle=dict(type="list", elements="str", required=True, choices=["identity", "storage", "instance-image"]),
+            dry_run=dict(type="bool", default=True),
+            only_runtime=dict(type="str"),
+            apply_runtime=dict(type="str"),
+            overlays=dict(type="list", elements="path", default=[]),
+            undeclare=dict(type="list", elements="str", default=[]),
+            prepare=dict(type="bool", default=True),
+            workers=dict(type="int", default=4),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
+                     apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
+                     check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"])
+    except ConfigError as exc:
+        problems = [str(x) for x in exc.problems]
+        module.fail_json(msg="%d problem(s) in %s; nothing was written:\n%s"
+                         % (len(problems), p["config_root"], "\n".join(problems)), problems=problems)
+    except EmitError as exc:
+        module.fail_json(msg=str(exc))
+    for w in out["warnings"]:
+        module.warn(w)
+    result = dict(changed=out["changed"], roots=out["roots"], tf_env=out["tf_env"], warnings_list=out["warnings"],
+                  config_root=out["config_root"], undeclared=out["undeclared"])
+    if module._diff:
+        result["diff"] = [{"prepared": unified(d)} for d in out["diff"]]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The plan gate (gate.py): classification, whitelist, receipts, plan binding."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+_COLL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".venv", "collections")
+if os.path.normpath(_COLL) not in [os.path.normpath(p) for p in sys.path]:
+    sys.path.insert(0, os.path.normpath(_COLL))
+
+import pytest  # noqa: E402
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import gate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.gate import (  # noqa: E402
+    GateError, GateRefused, address_covered_by, check_receipts, evaluate_plan, format_address,
+    open_binding, parse_address, root_digest, root_files, run_gate, verify_binding,
+)
+
+
+def rc(address, *actions, **extra):
+    d = {"address": address, "mode": "managed", "type": "x", "name": "y", "change": {"actions": list(actions)}}
+    d.update(extra)
+    return d
+
+
+def plan(*changes, **extra):
+    p = {"format_version": "1.2", "terraform_version": "1.11.4", "resource_changes": list(changes)}
+    p.update(extra)
+    return p
+
+
+# ----------------------------------------------------------------------------- addresses
+def test_parse_address_segments():
+    a = 'module.a["k.x"].module.b.aws_instance.this[0]'
+    assert parse_address(a) == (
+        ("name", "module"), ("name", "a"), ("key", "k.x"), ("name", "module"), ("name", "b"),
+        ("name", "aws_instance"), ("name", "this"), ("index", 0))
+    assert format_address(parse_address(a)) == a
+
+
+def test_parse_address_quoted_keys():
+    a = r'module.s["a.b[\"c\"]]"].aws_s3_bucket.this'
+    toks = parse_address(a)
+    assert toks[2] == ("key", 'a.b["c"]]')
+    assert format_address(toks) == a
+    assert parse_address('x.y["$${v}"]')[2] == ("key", "${v}")
+    assert parse_address('x.y["\\u00e9"]')[2] == ("key", "\u00e9")
+    assert parse_address('data.aws_ami.this').__len__() == 3
+
+
+@pytest.mark.parametrize("bad", ["", "a.", "a..b", "a[", 'a["x]', "a[x]", "a]b", 'a["x"]y'])
+def test_parse_address_refuses(bad):
+    with pytest.raises(ValueError):
+        parse_address(bad)
+
+
+@pytest.mark.parametrize("address, covered", [
+    ("module.instance_test.aws_instance.this", True),
+    ('module.instance_test["x"].aws_instance.this', True),
+    ("module.instance_test[0].aws_instance.this", True),
+    ("module.instance_test", True),
+    ("module.instance_test2.aws_instance.this", False),
+    ('module.instance_test2["x"].aws_instance.this', False),
+    ("module.other.module.instance_test.aws_instance.this", False),
+])
+def test_whitelist_whole_segments(address, covered):
+    assert (address_covered_by(address, ["module.instance_test"]) == "module.instance_test") is covered
+
+
+def test_whitelist_exact_and_keyed_entries():
+    assert address_covered_by("aws_security_group.csis_instances", ["aws_security_group.csis_instances"])
+    assert address_covered_by("aws_security_group.csis_instances_x", ["aws_security_group.csis_instances"]) is None
+    entry = 'module.s["a.b"]'
+    assert address_covered_by('module.s["a.b"].aws_ebs_volume.this', [entry]) == entry
+    assert address_covered_by('module.s["a"].aws_ebs_volume.this', [entry]) is None
+    # a key with a dot is one segment: an entry for key "a" never covers key "a.b"
+    assert address_covered_by('module.s["a.b"].x.y', ['module.s["a"]']) is None
+    assert address_covered_by("aws_instance.this[1]", ["aws_instance.this[0]"]) is None
+
+
+# ----------------------------------------------------------------------------- evaluate
+FULL = plan(
+    rc("terraform_data.new", "create"),
+    rc("terraform_data.upd", "update"),
+    rc("terraform_data.gone", "delete"),
+    rc("terraform_data.dbc", "delete", "create"),
+    rc("terraform_data.cbd", "create", "delete"),
+    rc("terraform_data.kept", "forget"),
+    rc("data.aws_ami.this", "read", mode="data"),
+    rc("terraform_data.same", "no-op"),
+    rc('module.a["k.x"].module.b.aws_instance.this[0]', "delete", "create"),
+    rc("module.instance_test2.aws_instance.this", "delete"),
+    rc('module.instance_test["x"].aws_instance.this', "delete"),
+    rc("module.instance_test[0].aws_instance.this", "create", "delete"),
+)
+
+
+def test_classification_and_violations():
+    v = evaluate_plan(FULL, ["module.instance_test"])
+    r = v.as_result()
+    assert r["addresses"]["create"] == ["terraform_data.new"]
+    assert r["addresses"]["update"] == ["terraform_data.upd"]
+    assert r["addresses"]["delete"] == ["terraform_data.gone", "module.instance_test2.aws_instance.this",
+                                        'module.instance_test["x"].aws_instance.this']
+    assert r["addresses"]["replace"] == ["terraform_data.dbc", "terraform_data.cbd",
+                                         'module.a["k.x"].module.b.aws_instance.this[0]',
+                                         "module.instance_test[0].aws_instance.this"]
+    assert r["addresses"]["forget"] == ["terraform_data.kept"]
+    assert (r["adds"], r["changes"], r["destroys"], r["replacements"], r["forgets"]) == (5, 1, 7, 4, 1)
+    assert r["violations"] == [
+        "DESTROY NOT WHITELISTED: terraform_data.gone",
+        "DESTROY NOT WHITELISTED: terraform_data.dbc",
+        "DESTROY NOT WHITELISTED: terraform_data.cbd",
+        'DESTROY NOT WHITELISTED: module.a["k.x"].module.b.aws_instance.this[0]',
+        "DESTROY NOT WHITELISTED: module.instance_test2.aws_instance.this",
+    ]
+    assert [w["address"] for w in r["whitelisted"]] == [
+        'module.instance_test["x"].aws_instance.this', "module.instance_test[0].aws_instance.this"]
+    assert all(w["entry"] == "module.instance_test" for w in r["whitelisted"])
+    assert r["summary"] == ("Plan: 5 to add, 1 to change, 7 to destroy (4 replacements); "
+                            "1 to forget (removed from state, not destroyed); "
+                            "2 destroys whitelisted by module.instance_test; 5 destroys NOT whitelisted")
+
+
+def test_summary_one_whitelisted():
+    v = evaluate_plan(plan(rc("terraform_data.a", "create"), rc("terraform_data.b", "create"),
+                           rc("module.instance_test.aws_instance.this", "delete", "create")),
+                      ["module.instance_test"])
+    # terraform counts a replacement as one add and one destroy
+    assert v.summary() == ("Plan: 3 to add, 0 to change, 1 to destroy (1 replacement); "
+                           "1 destroy whitelisted by module.instance_test")
+    assert not v.violations
+
+
+def test_forget_is_not_a_destroy_and_reads_ignored():
+    v = evaluate_plan(plan(rc("x.a", "forget"), rc("data.x.b", "read"), rc("x.c", "create", "forget")), [])
+    assert not v.violations and v.destroys == 0
+    assert v.forgets == ["x.a", "x.c"] and v.creates == ["x.c"]
+
+
+def test_deposed_and_unknown_actions():
+    v = evaluate_plan(plan(rc("x.a", "delete", deposed="00abcd"), rc("x.b", "import")), [])
+    assert v.violations == ["DESTROY NOT WHITELISTED: x.a (deposed object 00abcd)",
+                            'PLAN ACTION NOT UNDERSTOOD: x.b has actions ["import"]; refusing']
+    assert evaluate_plan(plan(rc("x.a", "delete", deposed="00abcd")), ["x.a"]).violations == []
+
+
+def test_empty_and_bad_plans():
+    assert evaluate_plan({"format_version": "1.2"}).summary() == "Plan: 0 to add, 0 to change, 0 to destroy"
+    with pytest.raises(GateError):
+        evaluate_plan({"values": {}})
+    with pytest.raises(GateError, match="errored"):
+        evaluate_plan(plan(errored=True))
+    with pytest.raises(GateError, match="allow_destroy entry"):
+        evaluate_plan(plan(), ["module.x["])
+
+
+def test_run_gate_plan_json(tmp_path):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(FULL))
+    with pytest.raises(GateRefused) as err:
+        run_gate(plan_json=str(pj), allow_destroy=["module.instance_test"])
+    assert len(err.value.messages) == 5
+    assert err.value.result["destroys"] == 7
+    ok = run_gate(plan_json=str(pj), allow_destroy=[
+        "terraform_data", "module.a", "module.instance_test", "module.instance_test2"])
+    assert ok["changed"] is False and ok["violations"] == []
+    assert "terraform_data.dbc (replaced: delete then create)" in ok["diff"]["after"]
+    assert "terraform_data.gone\n" in ok["diff"]["before"]
+
+
+# ----------------------------------------------------------------------------- receipts
+def _receipt(d, inst, sto, **data):
+    d.mkdir(exist_ok=True)
+    body = {"instance": inst, "storage": sto, "ok": True, "time": "2030-01-01T00:00:00Z"}
+    body.update(data)
+    (d / ("%s__%s.json" % (inst, sto))).write_text(json.dumps(body))
+
+
+def test_receipts(tmp_path):
+    d = tmp_path / "unmount-receipts"
+    _receipt(d, "web", "good")
+    _receipt(d, "web", "bad", ok=False)
+    _receipt(d, "web", "wrong", instance="db")
+    d.joinpath("web__corrupt.json").write_text("{not json")
+    probs = check_receipts(["web:good", "web:missing", "web:bad", "web:corrupt", "web:wrong"], str(d))
+    assert len(probs) == 4
+    for p, name in zip(probs, ["missing", "bad", "corrupt", "wrong"]):
+        assert p.startswith("DETACH NOT UNMOUNTED: web:%s has no successful unmount receipt" % name)
+    assert check_receipts(["web:good"], str(d)) == []
+
+
+def test_receipt_time_floor(tmp_path):
+    d = tmp_path / "r"
+    _receipt(d, "web", "old", time="2020-01-01T00:00:00Z")
+    _receipt(d, "web", "new", time="2030-01-01T00:00:00+00:00")
+    _receipt(d, "web", "notime", time=None)
+    floor = "2025-01-01T00:00:00Z"
+    probs = check_receipts(["web:old", "web:new", "web:notime"], str(d), floor)
+    assert [p.split(" ")[3] for p in probs] == ["web:old", "web:notime"]
+
+
+@pytest.mark.parametrize("spec", ["../x:y", "a/b:c", "a:..", "a:b:c", "a", "a:", ":b", "a:b\\c"])
+def test_receipt_names_validated(spec, tmp_path):
+    with pytest.raises(GateError):
+        check_receipts([spec], str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- binding
+@pytest.fixture()
+def root(tmp_path):
+    r = tmp_path / "root"
+    r.mkdir()
+    (r / "main.tf").write_text('module "m" {\n  source = "../mods/m"\n}\n')
+    (r / "user_data.tftpl").write_text("#!/bin/sh\necho hi\n")
+    (r / "b.tfbackend.hcl").write_text('path = "x"\n')
+    (r / ".terraform.lock.hcl").write_text("# lock\n")
+    (r / ".hidden").write_text("ignored\n")
+    mods = tmp_path / "mods" / "m"
+    mods.mkdir(parents=True)
+    (mods / "main.tf").write_text('resource "terraform_data" "x" {}\n')
+    (r / ".terraform" / "modules").mkdir(parents=True)
+    (r / ".terraform" / "modules" / "modules.json").write_text(json.dumps(
+        {"Modules": [{"Key": "", "Source": "", "Dir": "."},
+                     {"Key": "m", "Source": "../mods/m", "Dir": "../mods/m"}]}))
+    (r / ".terraform" / "providers.txt").write_text("ignored\n")
+    return r
+
+
+PLAN_BYTES = b"PK\x03\x04 fake plan bytes"
+PASSING = plan(rc("terraform_data.x", "create"))
+REPLACING = plan(rc("terraform_data.x", "delete", "create"))
+
+
+@pytest.fixture()
+def fake_show(monkeypatch):
+    box = {"plan": PASSING, "calls": 0}
+
+    def show(plan_path, project_path, binary_path="terraform", env=None):
+        box["calls"] += 1
+        assert os.path.isfile(plan_path)
+        return box["plan"]
+    monkeypatch.setattr(gate, "show_plan_json", show)
+    return box
+
+
+def _plan_now(root):
+    (root / "tfplan").write_bytes(PLAN_BYTES)
+
+
+def test_root_files_scope(root):
+    files = root_files(str(root), "tfplan")
+    assert set(files) == {"main.tf", "user_data.tftpl", "b.tfbackend.hcl", ".terraform.lock.hcl",
+                          ".terraform/modules/modules.json", "module ../mods/m/main.tf"}
+    _plan_now(root)
+    (root / "terraform.tfstate").write_text("{}")
+    (root / "unmount-receipts").mkdir()
+    (root / "unmount-receipts" / "a__b.json").write_text("{}")
+    assert set(root_files(str(root), "tfplan")) == set(files)
+    d1 = root_digest(str(root))
+    (root / "vars.auto.tfvars").write_text("a = 1\n")
+    assert root_digest(str(root)) != d1
+
+
+def test_binding_happy_path(root, fake_show):
+    opened = open_binding(str(root), "tfplan")
+    assert opened["changed"] and os.path.isfile(opened["binding"])
+    _plan_now(root)
+    res = run_gate(str(root), "tfplan")
+    assert res["plan_sha256"] and res["violations"] == []
+    ver = verify_binding(str(root), "tfplan")
+    assert ver["plan_sha256"] == res["plan_sha256"]
+    assert ver["summary"] == "Plan: 1 to add, 0 to change, 0 to destroy"
+
+
+def test_open_removes_old_plan_and_binding(root, fake_show):
+    _plan_now(root)
+    open_binding(str(root), "tfplan")
+    assert not (root / "tfplan").exists()
+    with pytest.raises(GateRefused, match="STALE PLANFILE: tfplan does not exist — the plan step did not produce it"):
+        run_gate(str(root), "tfplan")
+    assert fake_show["calls"] == 0
+
+
+def test_open_check_mode_writes_nothing(root):
+    _plan_now(root)
+    out = open_binding(str(root), "tfplan", check_mode=True)
+    assert out["removed_plan"] is True
+    assert (root / "tfplan").exists() and not (root / "tfplan.csis-binding.json").exists()
+
+
+def test_plan_without_binding_refused(root, fake_show):
+    _plan_now(root)
+    with pytest.raises(GateRefused) as err:
+        run_gate(str(root), "tfplan")
+    assert err.value.messages[0].startswith("STALE PLANFILE: tfplan has no binding")
+    with pytest.raises(GateRefused, match="STALE PLANFILE: tfplan has no binding"):
+        verify_binding(str(root), "tfplan")
+
+
+@pytest.mark.parametrize("path, name", [
+    ("main.tf", "main.tf (modified)"),
+    ("user_data.tftpl", "user_data.tftpl (modified)"),
+    ("b.tfbackend.hcl", "b.tfbackend.hcl (modified)"),
+    ("../mods/m/main.tf", "module ../mods/m/main.tf (modified)"),
+    ("extra.tf", "extra.tf (added)"),
+])
+def test_edit_after_open_is_stale_at_gate(root, fake_show, path, name):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    with open(os.path.join(str(root), path), "a") as fh:
+        fh.write("# edited\n")
+    with pytest.raises(GateRefused) as err:
+        run_gate(str(root), "tfplan")
+    msg = err.value.messages[-1]
+    assert msg.startswith("STALE PLANFILE: tfplan is older than the root: ")
+    assert name in msg
+    assert fake_show["calls"] == 0
+
+
+def test_removed_file_is_stale(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    os.unlink(str(root / "user_data.tftpl"))
+    with pytest.raises(GateRefused, match=r"user_data.tftpl \(removed\)"):
+        run_gate(str(root), "tfplan")
+
+
+def test_edit_after_gate_is_stale_at_verified(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    run_gate(str(root), "tfplan")
+    (root / "user_data.tftpl").write_text("#!/bin/sh\necho changed\n")
+    with pytest.raises(GateRefused, match=r"STALE PLANFILE: tfplan is older than the root: user_data.tftpl \(modified\)"):
+        verify_binding(str(root), "tfplan")
+
+
+def test_tampered_plan_refused_at_verified(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    run_gate(str(root), "tfplan")
+    (root / "tfplan").write_bytes(PLAN_BYTES + b"!")
+    with pytest.raises(GateRefused, match="STALE PLANFILE: tfplan changed after the gate passed it"):
+        verify_binding(str(root), "tfplan")
+
+
+def test_missing_plan_refused_at_verified(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    run_gate(str(root), "tfplan")
+    os.unlink(str(root / "tfplan"))
+    with pytest.raises(GateRefused, match="STALE PLANFILE: tfplan does not exist"):
+        verify_binding(str(root), "tfplan")
+
+
+def test_verified_requires_gate(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    with pytest.raises(GateRefused, match="has not passed the gate"):
+        verify_binding(str(root), "tfplan")
+
+
+def test_refusal_clears_previous_pass(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    run_gate(str(root), "tfplan")
+    fake_show["plan"] = REPLACING
+    with pytest.raises(GateRefused, match="DESTROY NOT WHITELISTED: terraform_data.x"):
+        run_gate(str(root), "tfplan")
+    with pytest.raises(GateRefused, match="has not passed the gate"):
+        verify_binding(str(root), "tfplan")
+    run_gate(str(root), "tfplan", allow_destroy=["terraform_data.x"])
+    assert verify_binding(str(root), "tfplan")["verdict"]["replacements"] == 1
+
+
+def test_gate_check_mode_does_not_record(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    before = (root / "tfplan.csis-binding.json").read_bytes()
+    run_gate(str(root), "tfplan", check_mode=True)
+    assert (root / "tfplan.csis-binding.json").read_bytes() == before
+
+
+def test_gate_receipts_after_open(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _receipt(root / "unmount-receipts", "web", "data", time="2020-01-01T00:00:00Z")
+    _plan_now(root)
+    with pytest.raises(GateRefused, match="DETACH NOT UNMOUNTED: web:data has no successful unmount receipt"):
+        run_gate(str(root), "tfplan", require_unmounted=["web:data"])
+    # a receipt written after the opening counts (and the receipts dir is not part of the digest)
+    _receipt(root / "unmount-receipts", "web", "data", time=gate._now())
+    assert run_gate(str(root), "tfplan", require_unmounted=["web:data"])["violations"] == []
+    assert verify_binding(str(root), "tfplan")
+
+
+def test_gate_lists_receipts_and_destroys_together(root, fake_show):
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    fake_show["plan"] = REPLACING
+    with pytest.raises(GateRefused) as err:
+        run_gate(str(root), "tfplan", require_unmounted=["web:data"])
+    assert [m.split(":")[0] for m in err.value.messages] == ["DETACH NOT UNMOUNTED", "DESTROY NOT WHITELISTED"]
+
+
+def test_binding_is_for_its_root(root, tmp_path, fake_show):
+    other = tmp_path / "other"
+    other.mkdir()
+    open_binding(str(root), "tfplan")
+    _plan_now(root)
+    # a plan file given by absolute path from another project_path
+    with pytest.raises(GateRefused, match="binding for another root"):
+        run_gate(str(other), str(root / "tfplan"))
