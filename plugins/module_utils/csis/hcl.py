@@ -58,8 +58,10 @@ def template_literal(text: str) -> str:
 
 
 def key(k: str) -> str:
-    """An object key: bare when it is an identifier, quoted otherwise."""
-    return k if _IDENT.match(k) else string(k)
+    """An object key: bare when it is an identifier, quoted otherwise.
+
+    ``for`` is always quoted: ``{ for = ...`` would parse as a ``for`` expression."""
+    return k if _IDENT.match(k) and k != "for" else string(k)
 
 
 def value(v: Any, indent: int = 0) -> str:
@@ -90,7 +92,8 @@ def value(v: Any, indent: int = 0) -> str:
 
 def _attrs(items: Sequence[Tuple[str, Any]], indent: int) -> str:
     """Attribute lines with ``terraform fmt`` alignment: a run of single-line values
-    aligns its ``=``; a multi-line value ends the run."""
+    aligns its ``=``; a multi-line value stands alone (it ends the run before it and is
+    not padded to it)."""
     pad = "  " * indent
     lines: List[str] = []
     run: List[Tuple[str, str]] = []
@@ -105,6 +108,7 @@ def _attrs(items: Sequence[Tuple[str, Any]], indent: int) -> str:
     for k, v in items:
         s = value(v, indent)
         if "\n" in s:
+            flush()
             run.append((k, s))
             flush()
         else:

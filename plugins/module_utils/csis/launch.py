@@ -46,6 +46,15 @@ def pending_replacement(meta: Mapping[str, Any], name: str) -> bool:
     return name in ((meta.get("pins.yaml") or {}).get("pending_replacements") or {})
 
 
+def follow_target(meta: Mapping[str, Any], inst: m.Instance, img: Optional[m.Image]) -> Optional[str]:
+    """The build a ``follow`` instance moves to: the image's declared ``ami_id`` (the series
+    head) when the instance is pinned to another build; None when nothing moves."""
+    if inst.image_policy != "follow" or img is None or not img.ami_id:
+        return None
+    pin = pinned_build(meta, inst.name)
+    return img.ami_id if pin and pin != img.ami_id else None
+
+
 def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
                           replacing: bool = False) -> Dict[str, Any]:
     builder = tree.instance_builder_for(inst)

@@ -10,7 +10,7 @@ Cross-file rules (references, state machine, zones, ...) live in ``validate.py``
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,19 +28,39 @@ DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])$")
 TAG_KEY_MAX = 128
 TAG_VALUE_MAX = 256
 
+BUCKET_RULE = ("3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a "
+               "letter or digit, no '..', not shaped like an IP address")
+
 STORAGE_STATES = ("active", "archived", "destroyed")
 SHARE_MODES = ("2770", "2775")
 
 
+def show(value: Any) -> str:
+    """A value quoted for a message: ``'name'``, or its repr when it holds quotes or
+    control characters (so a message stays on one line and shows what was written)."""
+    if isinstance(value, str) and value.isprintable() and "'" not in value:
+        return "'%s'" % value
+    return repr(value)
+
+
+#: Prefix a model-level ValueError with ``KEY_MARK % "key"`` to report it at that key
+#: (the loader strips the marker and appends the key to the problem's key path).
+KEY_MARK = "[[%s]] "
+
+
+def keyed_error(key: str, message: str) -> ValueError:
+    return ValueError(KEY_MARK % key + message)
+
+
 def check_name(value: str, what: str = "name") -> str:
     if not isinstance(value, str) or not value:
-        raise ValueError("%s must be a non-empty string" % what)
+        raise ValueError("%s must be a non-empty string, got %s" % (what, show(value)))
     if "/" in value or "\\" in value:
-        raise ValueError("%s %r must not contain '/' or '\\'" % (what, value))
+        raise ValueError("%s %s must not contain '/' or '\\'" % (what, show(value)))
     if not NAME_RE.match(value):
         raise ValueError(
-            "%s %r is not allowed: use letters, digits, '_', '.', '-' "
-            "(starting with a letter or digit, at most 63 characters)" % (what, value))
+            "%s %s is not allowed: use letters, digits, '_', '.', '-' "
+            "(starting with a letter or digit, at most 63 characters)" % (what, show(value)))
     return value
 
 
@@ -67,6 +87,13 @@ def parse_duration(value: str) -> int:
     return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
 
 
+def check_bucket(v: str, what: str) -> str:
+    if (not isinstance(v, str) or not BUCKET_RE.match(v) or ".." in v or ".-" in v or "-." in v
+            or re.match(r"^\d+\.\d+\.\d+\.\d+$", v)):
+        raise ValueError("%s %s is not a valid S3 bucket name (%s)" % (what, show(v), BUCKET_RULE))
+    return v
+
+
 def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
     for k, v in tags.items():
         if not k or len(k) > TAG_KEY_MAX:
@@ -79,7 +106,8 @@ def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, str_strip_whitespace=False)
+    # strict: a quoted "false" or "yes" is a string, not a boolean (no silent coercion)
+    model_config = ConfigDict(extra="forbid", validate_default=True, str_strip_whitespace=False, strict=True)
 
 
 Tags = Dict[str, str]
@@ -367,9 +395,7 @@ class StateBackend(Strict):
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not BUCKET_RE.match(v):
-            raise ValueError("bucket %r is not a valid S3 bucket name" % v)
-        return v
+        return None if v is None else check_bucket(v, "bucket")
 
     @field_validator("profile")
     @classmethod
@@ -381,10 +407,11 @@ class StateBackend(Strict):
         if self.type == "s3":
             missing = [k for k in ("bucket", "key", "region") if not getattr(self, k)]
             if missing:
-                raise ValueError("an s3 state backend needs %s" % ", ".join(missing))
+                raise keyed_error(missing[0], "an s3 state backend needs %s" % ", ".join(missing))
         else:
             if self.bucket or self.key:
-                raise ValueError("a local state backend takes 'directory', not bucket/key")
+                raise keyed_error("bucket" if self.bucket else "key",
+                                  "a local state backend takes 'directory', not bucket/key")
         return self
 
 
@@ -430,7 +457,7 @@ class _BuilderBase(Strict):
     @classmethod
     def _parameters(cls, data: Any) -> Any:
         if isinstance(data, dict) and "parameters" in data:
-            raise ValueError("'parameters:' is not supported on builders; declare module inputs under 'variables:' instead")
+            raise keyed_error("parameters", "'parameters:' is not supported on builders; declare module inputs under 'variables:' instead")
         return data
 
     @field_validator("name", mode="before")
@@ -466,9 +493,9 @@ class InstanceBuilder(_BuilderBase):
     def _novars(cls, data: Any) -> Any:
         if isinstance(data, dict):
             if "variables" in data:
-                raise ValueError("'variables:' is not supported on an instance builder: the module inputs come from the instance and its runtime")
+                raise keyed_error("variables", "'variables:' is not supported on an instance builder: the module inputs come from the instance and its runtime")
             if "modifications" in data:
-                raise ValueError("'modifications:' belong on images, not on an instance builder")
+                raise keyed_error("modifications", "'modifications:' belong on images, not on an instance builder")
         return data
 
 
@@ -481,7 +508,7 @@ class EbsVariables(Strict):
     @classmethod
     def _size(cls, data: Any) -> Any:
         if isinstance(data, dict) and "size" in data:
-            raise ValueError("'size' is a builder field of tf-aws-ebs, not a variable: move it out of 'variables:'")
+            raise keyed_error("size", "'size' is a builder field of tf-aws-ebs, not a variable: move it out of 'variables:'")
         return data
 
 
@@ -526,12 +553,11 @@ class S3StorageBuilder(_StorageBuilderBase):
     @field_validator("bucket_name")
     @classmethod
     def _b(cls, v: str) -> str:
-        if not BUCKET_RE.match(v):
-            raise ValueError("bucket_name %r is not a valid S3 bucket name" % v)
-        return v
+        return check_bucket(v, "bucket_name")
 
 
-StorageBuilder = Union[EbsStorageBuilder, EfsStorageBuilder, S3StorageBuilder, TfAwsStorageBuilder]
+StorageBuilder = Annotated[Union[EbsStorageBuilder, EfsStorageBuilder, S3StorageBuilder, TfAwsStorageBuilder],
+                           Field(discriminator="type")]
 
 #: capability type, cardinality, zonal, POSIX, archive support per storage builder type
 STORAGE_KINDS: Dict[str, Dict[str, Any]] = {
@@ -551,18 +577,8 @@ class InstanceBuildersFile(Strict):
 
 
 class StorageBuildersFile(Strict):
+    # the entry's ``type`` selects its model (an unknown type is reported at its key)
     storage_builders: List[StorageBuilder] = Field(default_factory=list)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _dispatch(cls, data: Any) -> Any:
-        # Give a clear message for an unknown builder type instead of a 4-way union error.
-        if isinstance(data, dict) and isinstance(data.get("storage_builders"), list):
-            for i, b in enumerate(data["storage_builders"]):
-                if isinstance(b, dict) and b.get("type") not in STORAGE_KINDS:
-                    raise ValueError("storage_builders[%d]: type %r is not a storage builder type (one of %s)"
-                                     % (i, b.get("type"), ", ".join(sorted(STORAGE_KINDS))))
-        return data
 
 
 class GroupBuilder(_BuilderBase):
@@ -674,10 +690,12 @@ class Storage(Strict):
 
     @field_validator("type", "runtime", mode="before")
     @classmethod
-    def _ref(cls, v: Any) -> Any:
+    def _ref(cls, v: Any, info: Any) -> Any:
+        what = "a runtime" if info.field_name == "runtime" else "a builder"
         if v == "" or v is None:
-            raise ValueError("must not be empty")
-        return check_name(normalize_builder_name(v), "reference")
+            raise ValueError("%s must not be empty: name %s, or leave the key out for the is_default one"
+                             % (info.field_name, what))
+        return check_name(normalize_builder_name(v), info.field_name)
 
     @field_validator("groups")
     @classmethod
@@ -698,9 +716,7 @@ class Storage(Strict):
     @field_validator("bucket_name")
     @classmethod
     def _b(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not BUCKET_RE.match(v):
-            raise ValueError("bucket_name %r is not a valid S3 bucket name" % v)
-        return v
+        return None if v is None else check_bucket(v, "bucket_name")
 
     @field_validator("config")
     @classmethod
@@ -724,9 +740,16 @@ class StoragesFile(Strict):
 class StorageMapping(Strict):
     name: str
     mount_point: str = "/mnt/storage"
-    min_size: int = Field(default=100, gt=0)
+    min_size: int = 100
 
     _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "storage name")))
+
+    @field_validator("min_size")
+    @classmethod
+    def _min(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError("min_size must be a positive number of GB, got %d" % v)
+        return v
 
     @field_validator("mount_point")
     @classmethod
@@ -734,8 +757,8 @@ class StorageMapping(Strict):
         if not v:
             raise ValueError("mount_point must not be empty")
         if not MOUNT_POINT_RE.match(v) or "/../" in v + "/" or "/./" in v + "/" or v == "/":
-            raise ValueError("mount_point %r must be an absolute path of plain names (letters, digits, '_.@+-'), "
-                             "without '..', spaces or quotes" % v)
+            raise ValueError("mount_point %s must be an absolute path of plain names (letters, digits, '_.@+-'), "
+                             "without '..', spaces or quotes" % show(v))
         return v
 
 
@@ -764,15 +787,17 @@ class Instance(Strict):
     @classmethod
     def _nogroups(cls, data: Any) -> Any:
         if isinstance(data, dict) and "groups" in data:
-            raise ValueError("'groups:' is not allowed on an instance: ownership lives on the image's 'group'")
+            raise keyed_error("groups", "'groups:' is not allowed on an instance: ownership lives on the image's 'group'")
         return data
 
     @field_validator("type", "runtime", mode="before")
     @classmethod
-    def _ref(cls, v: Any) -> Any:
+    def _ref(cls, v: Any, info: Any) -> Any:
+        what = "a runtime" if info.field_name == "runtime" else "a builder"
         if v == "" or v is None:
-            raise ValueError("must not be empty")
-        return check_name(normalize_builder_name(v), "reference")
+            raise ValueError("%s must not be empty: name %s, or leave the key out for the is_default one"
+                             % (info.field_name, what))
+        return check_name(normalize_builder_name(v), info.field_name)
 
     @field_validator("storages")
     @classmethod

@@ -11,13 +11,14 @@ Layout: ``generated/<lifecycle>/<builder>/<phase>/<builder>-<phase>[-<kind>-<lab
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import models as m
 from .flags import apply_flag_allows, narrow_by_apply_runtime
 from .hcl import Block, Raw, comment_lines, document, string
-from .launch import compute_launch_params, pending_replacement, pinned_build, user_data_template
+from .launch import compute_launch_params, follow_target, pending_replacement, pinned_build, user_data_template
 from .loader import Tree
 
 LIFECYCLES = ("identity", "storage", "instance-image")
@@ -58,18 +59,22 @@ class RootPlan:
     ephemeral: List[str] = field(default_factory=list)
     decommission: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    #: how boto3 reaches the root's runtime (no secrets: credentials come from the environment)
+    aws: Dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self, config_root: str) -> Dict[str, Any]:
         return {
             "lifecycle": self.lifecycle, "builder": self.builder, "builder_type": self.builder_type,
             "runtime": self.runtime, "directory": os.path.join(config_root, self.directory),
             "backend_file": self.backend_file, "backend_type": self.backend_type, "binary": self.binary,
+            "binary_path": shutil.which(self.binary) or self.binary,
+            "key": "%s-%s" % (self.lifecycle, self.builder),
             "may_apply": self.may_apply, "allow_destroy": list(self.allow_destroy), "replace": list(self.replace),
             "require_unmounted": list(self.require_unmounted), "unmounts": list(self.unmounts),
             "transitions_before": list(self.transitions_before), "transitions_after": list(self.transitions_after),
             "storages": dict(self.storages), "instances": dict(self.instances), "ephemeral": list(self.ephemeral),
             "decommission": list(self.decommission), "warnings": list(self.warnings),
-            "files": sorted(self.files),
+            "files": sorted(self.files), "aws": dict(self.aws),
         }
 
 
@@ -140,6 +145,11 @@ class Renderer:
         if self.t.config.use_state_backends and backend is not None:
             tb.block("backend", backend.type)
         return tb
+
+    def aws_access(self, rt: m.RuntimeBuilder) -> Dict[str, Any]:
+        return {"region": rt.region, "profile": rt.credentials.profile_name,
+                "endpoints": self._endpoints(rt.endpoints, PROVIDER_SERVICES),
+                "s3_use_path_style": rt.s3_use_path_style, "session_mechanism": rt.session_mechanism}
 
     def provider_block(self, builder: Any) -> Block:
         rt = self.t.builder_runtime(builder)
@@ -284,7 +294,7 @@ class Renderer:
         backend = self.t.backend_for(sb)
         rt = self.t.builder_runtime(sb)
         plan = RootPlan("storage", sb.name, sb.type, rt.name, d, {}, None, None, self.binary(sb),
-                        self.may_apply("storage", sb))
+                        self.may_apply("storage", sb), aws=self.aws_access(rt))
         identity_ws: Dict[str, Any] = {}
         for st in declared:
             cur = (records.get(st.name) or {}).get("state")
@@ -456,14 +466,15 @@ class Renderer:
         backend = self.t.backend_for(ib)
         alias = _wslabel(ib.name)
         plan = RootPlan("instance-image", ib.name, ib.type, rt.name, d, {}, None, None, self.binary(ib),
-                        self.may_apply("instance-image", ib))
+                        self.may_apply("instance-image", ib), aws=self.aws_access(rt))
         producers: Dict[str, Any] = {}
         has_vpc = bool(net.network) and bool(declared)
         blocks: List[Any] = []
         variables: List[Block] = []
         for inst in declared:
             lab = m.label(inst.name)
-            replacing = pending_replacement(self.meta, inst.name)
+            follow_to = follow_target(self.meta, inst, self.t.image_of(inst))
+            replacing = pending_replacement(self.meta, inst.name) or bool(follow_to)
             params = compute_launch_params(self.t, self.meta, inst, replacing=replacing)
             img = self.t.image_of(inst)
             rec = launched.get(inst.name)
@@ -501,7 +512,9 @@ class Renderer:
             mod.attr("providers", Raw("{\n    aws = aws.%s\n  }" % alias))
             mod.attr("name", inst.name)
             pin = pinned_build(self.meta, inst.name)
-            if pin and not replacing:
+            if follow_to:
+                mod.attr("ami_id", follow_to)
+            elif pin and not replacing:
                 mod.attr("ami_id", pin)
             elif img and img.ami_id:
                 mod.attr("ami_id", img.ami_id)
@@ -657,9 +670,9 @@ def _align_flat(body: str) -> str:
             run.append((k.strip(), v))
             continue
         if depth == 0 and " = " in line and line.rstrip().endswith("{"):
-            k, v = line.split(" = ", 1)
-            run.append((k.strip(), v))
+            # a multi-line value is not aligned with the run before it (terraform fmt)
             flush()
+            out.append(line)
             depth += 1
             continue
         flush()

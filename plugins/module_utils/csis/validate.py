@@ -68,6 +68,19 @@ class Validation:
         return sorted(n for n, i in self.t.instances.items() if any(s.name == storage for s in i.storages))
 
     # ------------------------------------------------------------------ rules
+    def unresolved(self, kind: str, ref: str, table: Dict[str, Any]) -> Optional[str]:
+        """The message for a reference ``ref`` to a ``kind`` that resolves to nothing,
+        or None when it should not be reported (see :meth:`Tree.dangling`)."""
+        if not self.t.dangling(kind, ref):
+            return None
+        if ref == "default":
+            defaults = sorted(n for n, b in table.items() if getattr(b, "is_default", False))
+            if len(defaults) > 1:
+                return None  # reported once, at the builders' is_default
+            return ("'default' (or no type) resolves to the %s marked is_default: true, and none is "
+                    "(%ss: %s)" % (kind, kind, _names(table)))
+        return None if ref in table else ""
+
     def references(self) -> None:
         t = self.t
         for kind, table in (("runtime", t.runtimes), ("backend", t.backends), ("instance builder", t.instance_builders),
@@ -76,62 +89,92 @@ class Validation:
             if len(defaults) > 1:
                 for n in defaults:
                     self.add(kind, n, "is_default", "more than one %s is marked is_default: %s" % (kind, _names(defaults)))
+            # aliases: a name or alias must select exactly one entry
+            owner: Dict[str, str] = {n: n for n in table}
+            for n, b in table.items():
+                for a in getattr(b, "aliases", None) or []:
+                    if a in owner and owner[a] != n:
+                        self.add(kind, n, "aliases", "alias '%s' of %s '%s' is already the name or an alias of %s '%s'"
+                                 % (a, kind, n, kind, owner[a]))
+                    else:
+                        owner[a] = n
         for rt in t.runtimes.values():
-            if rt.state_configuration and rt.state_configuration not in t.backends:
+            if rt.state_configuration and rt.state_configuration not in t.backends and t.dangling("backend", rt.state_configuration):
                 self.add("runtime", rt.name, "state_configuration",
-                         "names state backend '%s', which is not declared in cfg/state-backends.yml" % rt.state_configuration)
+                         "names state backend '%s', which is not declared in cfg/state-backends.yml (declared: %s)"
+                         % (rt.state_configuration, _names(t.backends)))
         builders: List[Tuple[str, Any]] = [("instance builder", b) for b in t.instance_builders.values()]
         builders += [("storage builder", b) for b in t.storage_builders.values()]
         builders += [("group builder", b) for b in t.group_builders.values()]
         for kind, b in builders:
-            if t.builder_runtime(b) is None and b.runtime not in t.broken:
+            if t.builder_runtime(b) is None and t.dangling("runtime", b.runtime):
                 if b.runtime == "default":
                     msg = "%s %s does not specify a runtime provider (no runtime is is_default)" % (kind.capitalize(), b.name)
+                    if len([r for r in t.runtimes.values() if r.is_default]) > 1:
+                        msg = None
                 else:
                     msg = "%s %s has runtime provider %s which is not configured" % (kind.capitalize(), b.name, b.runtime)
-                self.add(kind, b.name, "runtime", msg)
-            if b.executable is not None and b.executable not in t.executables and b.executable not in t.broken:
+                if msg:
+                    self.add(kind, b.name, "runtime", msg)
+            if b.executable is not None and b.executable not in t.executables and t.dangling("executable", b.executable):
                 self.add(kind, b.name, "executable",
                          "names executable '%s', which is not declared in cfg/executables.yml (declared: %s)"
                          % (b.executable, _names(t.executables)))
-            if t.config.use_state_backends:
+            if self.config_known("use_state_backends") and t.config.use_state_backends:
                 ref = getattr(b, "state_configuration", "default")
                 if t.backend_for(b) is None:
+                    rt = t.builder_runtime(b)
                     if ref != "default":
-                        msg = "state_configuration '%s' names no declared state backend" % ref
+                        msg = ("state_configuration '%s' names no declared state backend (declared: %s)"
+                               % (ref, _names(t.backends))) if t.dangling("backend", ref) else None
+                    elif rt is None or (rt.state_configuration and rt.state_configuration not in t.backends) \
+                            or not t.dangling("backend", "default") \
+                            or len([x for x in t.backends.values() if x.is_default]) > 1:
+                        msg = None  # the runtime's own reference (or the backends file) is reported
                     else:
-                        msg = "no state backend resolves (neither the builder, its runtime nor an is_default backend names one) while config.use_state_backends is on"
-                    self.add(kind, b.name, "state_configuration", msg)
+                        msg = ("no state backend resolves (neither the builder, its runtime nor an is_default "
+                               "backend names one) while config.use_state_backends is on")
+                    if msg:
+                        self.add(kind, b.name, "state_configuration", msg)
             if kind == "storage builder" and b.type == "tf-aws":
                 self.add(kind, b.name, "type",
                          "type 'tf-aws' is the abstract base and emits nothing (TofuStorageBuilder must name its terraform module): use tf-aws-ebs, tf-aws-efs or tf-aws-s3")
         for g in t.groups.values():
-            if t.group_builder_for(g) is None and g.type not in t.broken:
-                self.add("group", g.name, "type",
-                         "group builder '%s' is not declared in cfg/group-builders.yml (a group needs an identity builder to publish its gid)" % g.type)
+            if t.group_builder_for(g) is None:
+                msg = self.unresolved("group builder", g.type, t.group_builders)
+                if msg is not None:
+                    self.add("group", g.name, "type", msg or
+                             "group builder '%s' is not declared in cfg/group-builders.yml (a group needs an identity builder to publish its gid)" % g.type)
         for img in t.images.values():
-            if img.group is not None and img.group not in t.groups and img.group not in t.broken:
+            if img.group is not None and img.group not in t.groups and t.dangling("group", img.group):
                 self.add("image", img.name, "group", "names unknown group '%s' (declared: %s)" % (img.group, _names(t.groups)))
             for rt in img.runtimes:
-                if t.runtime(rt) is None:
-                    self.add("image", img.name, "runtimes", "names unknown runtime '%s'" % rt)
+                if t.runtime(rt) is None and t.dangling("runtime", rt):
+                    self.add("image", img.name, "runtimes", "names unknown runtime '%s' (declared: %s)" % (rt, _names(t.runtimes)))
         for st in t.storages.values():
-            if t.storage_builder_for(st) is None and st.type not in t.broken:
-                self.add("storage", st.name, "type",
-                         "storage builder '%s' is not declared (storage builders: %s)" % (st.type, _names(t.storage_builders)))
-            if t.runtime(st.runtime) is None and st.runtime not in t.broken:
-                self.add("storage", st.name, "runtime", "names unknown runtime '%s'" % st.runtime)
+            if t.storage_builder_for(st) is None:
+                msg = self.unresolved("storage builder", st.type, t.storage_builders)
+                if msg is not None:
+                    self.add("storage", st.name, "type", msg or
+                             "storage builder '%s' is not declared (storage builders: %s)" % (st.type, _names(t.storage_builders)))
+            if t.runtime(st.runtime) is None:
+                msg = self.unresolved("runtime", st.runtime, t.runtimes)
+                if msg is not None:
+                    self.add("storage", st.name, "runtime", msg or "names unknown runtime '%s' (declared: %s)" % (st.runtime, _names(t.runtimes)))
             for g in st.groups:
-                if g not in t.groups and g not in t.broken:
+                if g not in t.groups and t.dangling("group", g):
                     self.add("storage", st.name, "groups", "storage '%s' allows unknown group '%s'" % (st.name, g))
         unknown_att: Dict[str, List[str]] = {}
         for inst in t.instances.values():
-            if t.instance_builder_for(inst) is None and inst.type not in t.broken:
-                self.add("instance", inst.name, "type",
-                         "instance builder '%s' is not declared (instance builders: %s)" % (inst.type, _names(t.instance_builders)))
+            if t.instance_builder_for(inst) is None:
+                msg = self.unresolved("instance builder", inst.type, t.instance_builders)
+                if msg is not None:
+                    self.add("instance", inst.name, "type", msg or
+                             "instance builder '%s' is not declared (instance builders: %s)" % (inst.type, _names(t.instance_builders)))
             if t.runtime(inst.runtime) is None:
-                if inst.runtime not in t.broken:
-                    self.add("instance", inst.name, "runtime", "names unknown runtime '%s'" % inst.runtime)
+                msg = self.unresolved("runtime", inst.runtime, t.runtimes)
+                if msg is not None:
+                    self.add("instance", inst.name, "runtime", msg or "names unknown runtime '%s' (declared: %s)" % (inst.runtime, _names(t.runtimes)))
             else:
                 b = t.instance_builder_for(inst)
                 if b is not None and inst.runtime != "default" and t.builder_runtime(b) is not None \
@@ -141,10 +184,10 @@ class Validation:
                              % (inst.runtime, b.name, t.builder_runtime(b).name))
             if not inst.image:
                 self.add("instance", inst.name, "image", "instance '%s' declares no image" % inst.name)
-            elif inst.image not in t.images and inst.image not in t.broken:
+            elif inst.image not in t.images and t.dangling("image", inst.image):
                 self.add("instance", inst.name, "image", "names unknown image '%s' (declared: %s)" % (inst.image, _names(t.images)))
             for mp in inst.storages:
-                if mp.name not in t.storages and mp.name not in t.broken:
+                if mp.name not in t.storages and t.dangling("storage", mp.name):
                     unknown_att.setdefault(mp.name, []).append(inst.name)
         for s, insts in unknown_att.items():
             for i in insts:
@@ -168,6 +211,23 @@ class Validation:
                 self.add("storage", st.name, "bucket_name",
                          "bucket '%s' is already the bucket of storage '%s': each S3 storage needs its own bucket" % (bucket, owners[bucket]))
             owners[bucket] = st.name
+        # apply flags that list names: each must name a builder or a runtime
+        known = set(t.runtimes) | set(t.instance_builders) | set(t.storage_builders) | set(t.group_builders)
+        for table in (t.runtimes, t.instance_builders, t.storage_builders, t.group_builders):
+            for b in table.values():
+                known.update(getattr(b, "aliases", None) or [])
+        if not ({"runtime", "instance builder", "storage builder", "group builder"} & t.unloaded) and not t.broken:
+            for key in ("apply_identity", "apply_instances", "apply_storage"):
+                flag = getattr(t.config, key)
+                if isinstance(flag, list) and self.config_known(key):
+                    for i, n in enumerate(flag):
+                        if m.normalize_builder_name(n) not in known:
+                            self.problems.append(Problem(
+                                t.config_source.get(key, "cfg/_config.yml"), "config.%s[%d]" % (key, i),
+                                "'%s' names neither a builder nor a runtime (declared: %s)" % (n, _names(known))))
+
+    def config_known(self, key: str) -> bool:
+        return "*" not in self.t.config_unknown and key not in self.t.config_unknown
 
     def labels(self) -> None:
         t = self.t
@@ -291,6 +351,8 @@ class Validation:
 
     def state_machine(self) -> None:
         t = self.t
+        if self.meta.get("storage-state.yaml") is None or self.meta.get("launch-params.yaml") is None:
+            return  # the meta-state file did not load; its problem is reported
         records = self.storage_state_records()
         for st in t.storages.values():
             rec = records.get(st.name) or {}
@@ -344,9 +406,10 @@ class Validation:
                     "storage '%s' is recorded %s and no longer declared; its record names storage builder '%s', which is not declared"
                     % (name, rec.get("state"), facts["builder"])))
             else:
+                # reality, not declarations: a launched instance keeps its mounts until its
+                # own root detaches them, even when it is undeclared in this run
                 attached = sorted(n for n, r in self.launched_records().items()
-                                  if any(isinstance(x, dict) and x.get("storage") == name for x in r.get("mounts") or [])
-                                  and n in t.instances)
+                                  if any(isinstance(x, dict) and x.get("storage") == name for x in r.get("mounts") or []))
                 if attached:
                     self.problems.append(Problem(
                         "meta-state/storage-state.yaml", "storages.%s" % name,
@@ -398,29 +461,33 @@ class Validation:
                          % (inst.name, _names(zones), ", ".join("%s in %s" % c for c in claims)))
 
     def remote_state_needs(self) -> None:
+        """Roots read group gids and storage ids through terraform_remote_state: with
+        ``use_state_backends`` off they would not validate, so refuse here instead."""
         t = self.t
-        if t.config.use_state_backends:
+        if not self.config_known("use_state_backends") or t.config.use_state_backends:
             return
+        where = t.config_source.get("use_state_backends", "cfg/_config.yml")
         for inst in t.instances.values():
             g = t.owning_group(inst)
-            if g or inst.storages:
-                self.add("instance", inst.name, "",
-                         "instance '%s' needs remote state (%s) but config.use_state_backends is off in cfg/_config.yml: "
-                         "turn it on and declare a state backend" % (inst.name, "owning group '%s'" % g if g else "mounts"))
+            needs = []
+            if g:
+                needs.append("owning group '%s'" % g)
+            if inst.storages:
+                needs.append("mounts %s" % _names(x.name for x in inst.storages))
+            if needs:
+                self.add("instance", inst.name, "storages" if inst.storages else "image",
+                         "instance '%s' needs remote state (%s) but config.use_state_backends is off in %s: "
+                         "turn it on and declare a state backend" % (inst.name, ", ".join(needs), where))
         for st in t.storages.values():
             if st.groups:
                 self.add("storage", st.name, "groups",
-                         "storage '%s' allows groups %s, whose gids come from the identity root's remote state, but config.use_state_backends is off in cfg/_config.yml"
-                         % (st.name, _names(st.groups)))
+                         "storage '%s' allows groups %s, whose gids come from the identity root's remote state, but config.use_state_backends is off in %s"
+                         % (st.name, _names(st.groups), where))
 
     def executables(self, run: Callable[[str], Tuple[Optional[str], Optional[str]]]) -> None:
         from packaging.specifiers import SpecifierSet
         from packaging.version import InvalidVersion, Version
-        used = {b.executable for b in list(self.t.instance_builders.values()) + list(self.t.storage_builders.values())
-                + list(self.t.group_builders.values()) if b.executable}
         for ex in self.t.executables.values():
-            if ex.name not in used:
-                continue
             version, err = run(ex.binary)
             if err:
                 self.add("executable", ex.name, "binary", err)
@@ -442,14 +509,17 @@ def terraform_version(binary: str) -> Tuple[Optional[str], Optional[str]]:
     """(version, error) of a terraform/tofu binary through ``<binary> version -json``."""
     if binary in _VERSION_CACHE:
         return _VERSION_CACHE[binary]
-    from .tfcli import terraform_env
+    import os
     path = shutil.which(binary)
+    # no CLI configuration (nothing to write), no update check: offline and write-free
+    env = {k: v for k, v in os.environ.items() if k != "TF_CLI_CONFIG_FILE"}
+    env["CHECKPOINT_DISABLE"] = "1"
     if path is None:
         res: Tuple[Optional[str], Optional[str]] = (None, "binary '%s' was not found (not on PATH and not an executable file)" % binary)
     else:
         try:
             out = subprocess.run([path, "version", "-json"], capture_output=True, text=True, timeout=60,
-                                 env=terraform_env(), check=False)
+                                 env=env, check=False, stdin=subprocess.DEVNULL)
             data = json.loads(out.stdout)
             res = (str(data["terraform_version"]), None)
         except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:

@@ -1,0 +1,325 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: meta_state
+short_description: Launched csis.infra instances as an inventory, read from the meta-state records
+version_added: 0.1.0
+author:
+  - csis.infra contributors
+description:
+  - Lists the instances csis.infra has launched, as recorded in the meta-state of a
+    configuration root (C(<config root>/meta-state/)), and makes them usable as
+    Ansible hosts.
+  - The hosts are the records of C(launch-params.yaml) with C(launched=true), joined
+    with the open generation (C(current)) of C(instance-state.yaml). Records are read
+    from files only; no AWS call is made.
+  - The inventory source is a YAML file whose name ends with C(.csis.yml) or
+    C(.csis.yaml), for example C(hosts.csis.yml), with C(plugin=csis.infra.meta_state).
+  - An empty or missing meta-state gives an empty inventory. A corrupt meta-state file
+    fails the source with an error naming the file (set
+    C([inventory] any_unparsed_is_failed = true) in C(ansible.cfg) to make that a
+    non-zero exit instead of a warning).
+  - "Host variables (all prefixed C(csis_)): C(csis_name) (declared name),
+    C(csis_instance_id), C(csis_private_ip), C(csis_availability_zone),
+    C(csis_ami_id) (AMI the open generation booted), C(csis_generation) (number of the
+    open generation), C(csis_generation_kind) (C(durable) or C(ephemeral)),
+    C(csis_generations) (counters C({durable, ephemeral})), C(csis_region),
+    C(csis_runtime), C(csis_builder), C(csis_image), C(csis_build) (pinned AMI id or
+    C(unbound)), C(csis_machine_type), C(csis_hostname) (canonical C(<name>-NNN)),
+    C(csis_alias), C(csis_group) (owning group), C(csis_mounts) (list of
+    C({storage, type, builder, mount_point, group, share_mode, public_read, device})),
+    C(csis_ephemeral), C(csis_tags), C(csis_launched_run). Values missing from the
+    records are null."
+  - "Default groups (see O(default_groups)): C(csis_group_<group>),
+    C(csis_runtime_<runtime>), C(csis_image_<image>), and C(csis_ephemeral) or
+    C(csis_durable); names are sanitized like constructed groups (invalid characters
+    become C(_))."
+  - "Caching follows the standard inventory cache: with O(cache=true) the records are
+    read from the cache plugin until O(cache_timeout) expires, even if meta-state
+    changed meanwhile. Use C(--flush-cache) (or O(refresh_inventory) in a play) after a
+    lifecycle run to see new instances at once. A cache entry made for another
+    O(config_root) is ignored."
+extends_documentation_fragment:
+  - constructed
+  - inventory_cache
+options:
+  plugin:
+    description: Marks this file as an inventory source for this plugin.
+    type: str
+    required: true
+    choices: ['csis.infra.meta_state']
+  config_root:
+    description:
+      - The csis.infra configuration root whose C(meta-state/) directory is read.
+      - A relative path is relative to the directory of the inventory source file.
+        C(~) and environment variables are expanded.
+    type: str
+    default: '.'
+    env:
+      - name: CSIS_CONFIG_ROOT
+  hostnames:
+    description:
+      - Which value names the host, in order of preference; the first one a record
+        has is used. C(name) is the declared instance name, C(hostname) the canonical
+        C(<name>-NNN), C(alias) the optional alias.
+      - An instance with none of the listed values is left out with a warning. Two
+        instances with the same resulting host name fail the source.
+    type: list
+    elements: str
+    choices: ['name', 'hostname', 'alias']
+    default: ['name']
+  include_ephemeral:
+    description: Whether ephemeral instances are listed.
+    type: bool
+    default: true
+  default_groups:
+    description: Whether the default groups (owning group, runtime, image, ephemeral/durable) are created.
+    type: bool
+    default: true
+  connection:
+    description:
+      - Connection variables set on every host.
+      - V(none) sets none (use C(-e ansible_connection=...), O(compose) or group_vars).
+      - V(ssm) sets C(ansible_connection=amazon.aws.aws_ssm),
+        C(ansible_aws_ssm_instance_id), C(ansible_aws_ssm_region) and, if
+        O(ssm_bucket_name) is set, C(ansible_aws_ssm_bucket_name). The controller needs
+        the session-manager-plugin.
+      - V(ssh) sets C(ansible_connection=ssh), C(ansible_host) (the private address)
+        and, if O(ssh_user) is set, C(ansible_user).
+      - These are set before O(compose), which can override them.
+    type: str
+    choices: ['none', 'ssm', 'ssh']
+    default: 'none'
+  ssm_bucket_name:
+    description: S3 bucket the SSM connection uses for file transfers (with O(connection=ssm)).
+    type: str
+  ssh_user:
+    description: Remote user for O(connection=ssh).
+    type: str
+notes:
+  - Records read (written by the csis.infra lifecycle recorders).
+    C(launch-params.yaml) C(instances.<name>) has C(image), C(build), C(machine_type),
+    C(group), C(runtime), C(builder), C(region), C(mounts), C(hostname), C(alias),
+    C(ephemeral), C(tags), C(launched), C(launched_run).
+    C(instance-state.yaml) C(instances.<name>.current) has C(number), C(kind),
+    C(instance_id), C(private_ip), C(ami_id), C(availability_zone), C(opened_run),
+    C(opened_at).
+  - A launched instance without a recorded generation is listed with a null
+    C(csis_instance_id) and C(csis_private_ip).
+  - Reads take no lock; meta-state files are replaced atomically, so a source read
+    while a run writes sees whole files.
+seealso:
+  - name: csis.infra inventory guide
+    description: docs/inventory.md in the collection.
+    link: https://example.invalid/csis.infra/docs/inventory.md
+"""
+
+EXAMPLES = r"""
+# hosts.csis.yml: every launched instance of the configuration root next to this file
+plugin: csis.infra.meta_state
+config_root: .
+
+# hosts.csis.yml: reach hosts over SSM, name them by alias, extra groups, cached
+plugin: csis.infra.meta_state
+config_root: ../config
+hostnames: [alias, hostname, name]
+include_ephemeral: false
+connection: ssm
+ssm_bucket_name: my-ssm-transfer-bucket
+keyed_groups:
+  - key: csis_tags.Owner | default('none')
+    prefix: owner
+  - key: csis_mounts | map(attribute='storage')
+    prefix: storage
+groups:
+  big: csis_machine_type.startswith('m5.')
+compose:
+  ansible_host: csis_private_ip
+cache: true
+cache_plugin: ansible.builtin.jsonfile
+cache_connection: ~/.cache/csis-inventory
+cache_timeout: 600
+"""
+
+import os
+
+from ansible.errors import AnsibleParserError
+from ansible.module_utils.common.text.converters import to_native
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import (
+    META_STATE_DIR, MetaState, MetaStateError, launched_instances)
+
+_CACHE_FORMAT = 1
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+    NAME = "csis.infra.meta_state"
+    INVENTORY_FILE_SUFFIXES = (".csis.yml", ".csis.yaml")
+
+    def verify_file(self, path):
+        """Accept readable files named ``*.csis.yml`` / ``*.csis.yaml``."""
+        if not super().verify_file(path):
+            return False
+        return path.endswith(self.INVENTORY_FILE_SUFFIXES)
+
+    # -- reading -----------------------------------------------------------------
+
+    def _config_root(self, path):
+        root = os.path.expandvars(os.path.expanduser(self.get_option("config_root") or "."))
+        if not os.path.isabs(root):
+            root = os.path.join(os.path.dirname(os.path.abspath(path)), root)
+        return os.path.normpath(root)
+
+    def _load_records(self, root):
+        if not os.path.isdir(root):
+            self.display.warning("csis.infra.meta_state: config root %s does not exist; "
+                                 "the inventory is empty" % root)
+        try:
+            return launched_instances(MetaState(root))
+        except MetaStateError as exc:
+            msg = to_native(exc)
+            if msg.startswith(META_STATE_DIR + "/"):
+                msg = os.path.join(root, msg)
+            raise AnsibleParserError("csis.infra.meta_state: %s" % msg)
+
+    def _get_cached(self, path, cache, root):
+        """Records from the cache (aws_ec2 semantics), or None on a miss."""
+        if not cache or not self.get_option("cache"):
+            return None
+        try:
+            entry = self._cache[self.get_cache_key(path)]
+        except KeyError:
+            return None
+        if (not isinstance(entry, dict) or entry.get("format") != _CACHE_FORMAT
+                or entry.get("config_root") != root or not isinstance(entry.get("instances"), dict)):
+            return None
+        return entry["instances"]
+
+    def _update_cache(self, path, cache, root, records, from_cache):
+        if not self.get_option("cache"):
+            return
+        # an entry we just read is not rewritten: that would reset its timeout
+        if from_cache:
+            return
+        self._cache[self.get_cache_key(path)] = {
+            "format": _CACHE_FORMAT, "config_root": root, "instances": records}
+
+    # -- building ----------------------------------------------------------------
+
+    @staticmethod
+    def _hostvars(record):
+        current = record.get("current") or {}
+        generations = record.get("generation") or {}
+        return {
+            "csis_name": record.get("name"),
+            "csis_instance_id": current.get("instance_id"),
+            "csis_private_ip": current.get("private_ip"),
+            "csis_availability_zone": current.get("availability_zone"),
+            "csis_ami_id": current.get("ami_id"),
+            "csis_generation": current.get("number"),
+            "csis_generation_kind": current.get("kind"),
+            "csis_generations": {"durable": generations.get("durable", 0),
+                                 "ephemeral": generations.get("ephemeral", 0)},
+            "csis_region": record.get("region"),
+            "csis_runtime": record.get("runtime"),
+            "csis_builder": record.get("builder"),
+            "csis_image": record.get("image"),
+            "csis_build": record.get("build"),
+            "csis_machine_type": record.get("machine_type"),
+            "csis_hostname": record.get("hostname"),
+            "csis_alias": record.get("alias"),
+            "csis_group": record.get("group"),
+            "csis_mounts": list(record.get("mounts") or []),
+            "csis_ephemeral": bool(record.get("ephemeral")),
+            "csis_tags": dict(record.get("tags") or {}),
+            "csis_launched_run": record.get("launched_run"),
+        }
+
+    def _connection_vars(self, hostvars):
+        kind = self.get_option("connection")
+        out = {}
+        if kind == "ssm":
+            out["ansible_connection"] = "amazon.aws.aws_ssm"
+            if hostvars["csis_instance_id"]:
+                out["ansible_aws_ssm_instance_id"] = hostvars["csis_instance_id"]
+            if hostvars["csis_region"]:
+                out["ansible_aws_ssm_region"] = hostvars["csis_region"]
+            if self.get_option("ssm_bucket_name"):
+                out["ansible_aws_ssm_bucket_name"] = self.get_option("ssm_bucket_name")
+        elif kind == "ssh":
+            out["ansible_connection"] = "ssh"
+            if hostvars["csis_private_ip"]:
+                out["ansible_host"] = hostvars["csis_private_ip"]
+            if self.get_option("ssh_user"):
+                out["ansible_user"] = self.get_option("ssh_user")
+        return out
+
+    def _host_name(self, hostvars):
+        for choice in self.get_option("hostnames") or ["name"]:
+            value = hostvars.get("csis_" + choice)
+            if value:
+                return str(value)
+        return None
+
+    def _default_groups(self, hostvars):
+        groups = []
+        for prefix, key in (("csis_group_", "csis_group"), ("csis_runtime_", "csis_runtime"),
+                            ("csis_image_", "csis_image")):
+            if hostvars.get(key):
+                groups.append(prefix + str(hostvars[key]))
+        groups.append("csis_ephemeral" if hostvars["csis_ephemeral"] else "csis_durable")
+        return [self._sanitize_group_name(g) for g in groups]
+
+    def _populate(self, records):
+        strict = self.get_option("strict")
+        include_ephemeral = self.get_option("include_ephemeral")
+        default_groups = self.get_option("default_groups")
+        seen = {}
+        unnamed = []
+        for name in sorted(records):
+            hostvars = self._hostvars(records[name])
+            if hostvars["csis_ephemeral"] and not include_ephemeral:
+                continue
+            host = self._host_name(hostvars)
+            if host is None:
+                unnamed.append(name)
+                continue
+            if host in seen:
+                raise AnsibleParserError(
+                    "csis.infra.meta_state: instances %r and %r both resolve to host name %r "
+                    "(hostnames: %s)" % (seen[host], name, host, ", ".join(self.get_option("hostnames"))))
+            seen[host] = name
+            hostvars.update(self._connection_vars(hostvars))
+
+            self.inventory.add_host(host)
+            for key, value in hostvars.items():
+                self.inventory.set_variable(host, key, value)
+            if default_groups:
+                for group in self._default_groups(hostvars):
+                    self.inventory.add_group(group)
+                    self.inventory.add_child(group, host)
+
+            self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
+            self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
+            self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
+        if unnamed:
+            self.display.warning(
+                "csis.infra.meta_state: left out %d instance(s) with none of hostnames %s: %s"
+                % (len(unnamed), self.get_option("hostnames"), ", ".join(unnamed)))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path, cache=cache)
+        self._read_config_data(path)
+        root = self._config_root(path)
+
+        records = self._get_cached(path, cache, root)
+        from_cache = records is not None
+        if not from_cache:
+            records = self._load_records(root)
+
+        self._populate(records)
+        self._update_cache(path, cache, root, records, from_cache)

@@ -1,0 +1,267 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Record in meta-state what an apply really did, read from the root's terraform state.
+
+Nothing here trusts the configuration's flags or the requested states: a storage is
+``active`` because its module's resources are in the state, ``destroyed`` because they
+are gone after an apply that whitelisted the destroy, an instance is ``launched``
+because ``aws_instance.this`` is in the state with an id. The caller runs this only
+after an apply that happened (the role's task order guarantees it).
+"""
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import re
+import subprocess
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from .metastate import MetaState
+from .tfcli import terraform_env
+
+HISTORY_MAX = 50
+
+
+class RecordError(Exception):
+    pass
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def pull_state(project_path: str, binary: str = "terraform") -> Dict[str, Any]:
+    """The root's raw state (``state pull``: no provider schema load)."""
+    res = subprocess.run([binary, "state", "pull"], cwd=project_path, capture_output=True, text=True,
+                         env=terraform_env(), timeout=600, check=False)
+    if res.returncode != 0:
+        raise RecordError("%s: 'state pull' failed (rc %d): %s" % (project_path, res.returncode, res.stderr.strip()[-1500:]))
+    if not res.stdout.strip():
+        return {"resources": [], "outputs": {}}
+    try:
+        return json.loads(res.stdout)
+    except ValueError as exc:
+        raise RecordError("%s: 'state pull' did not print JSON: %s" % (project_path, exc))
+
+
+def resources(state: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Flatten raw state into [{address, module, type, name, index, attributes}] (managed only)."""
+    out = []
+    for r in state.get("resources") or []:
+        if r.get("mode") != "managed":
+            continue
+        mod = r.get("module") or ""
+        for inst in r.get("instances") or []:
+            if inst.get("deposed"):
+                continue
+            idx = inst.get("index_key")
+            addr = "%s%s.%s" % (mod + "." if mod else "", r["type"], r["name"])
+            if idx is not None:
+                addr += "[%s]" % (json.dumps(idx) if isinstance(idx, str) else idx)
+            out.append({"address": addr, "module": mod, "type": r["type"], "name": r["name"], "index": idx,
+                        "attributes": inst.get("attributes") or {}})
+    return out
+
+
+def under(res: List[Dict[str, Any]], module_addr: str) -> List[Dict[str, Any]]:
+    """Resources inside ``module_addr`` (``module.x`` matches ``module.x`` and ``module.x[0]``)."""
+    pat = re.compile(r"^%s(\[[^\]]+\])?(\.|$)" % re.escape(module_addr))
+    return [r for r in res if pat.match(r["module"] or "")]
+
+
+def _first(res: List[Dict[str, Any]], rtype: str, name: str = "this") -> Optional[Dict[str, Any]]:
+    for r in res:
+        if r["type"] == rtype and r["name"] == name:
+            return r
+    return None
+
+
+def _hist(rec: Dict[str, Any], entry: Dict[str, Any]) -> None:
+    rec.setdefault("history", []).append(entry)
+    del rec["history"][:-HISTORY_MAX]
+
+
+# --------------------------------------------------------------------------- storages
+def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
+                        done_transitions: Iterable[Mapping[str, Any]] = ()) -> Dict[str, Any]:
+    """Record the storages of an applied storage root; returns {storage: (from, to)}."""
+    res = resources(state)
+    done = {(t.get("storage"), t.get("action")) for t in done_transitions}
+    changes: Dict[str, Any] = {}
+    with ms.transaction("csis_record storage root %s" % root.get("builder")) as txn:
+        data = txn.load("storage-state.yaml")
+        recs = data.setdefault("storages", {})
+        for name, info in sorted((root.get("storages") or {}).items()):
+            mine = under(res, info["address"])
+            rec = recs.get(name)
+            cur = rec.get("state") if rec else None
+            facts: Dict[str, Any] = {"builder": info["builder"], "type": info["type"]}
+            if info.get("bucket_name"):
+                facts["bucket_name"] = info["bucket_name"]
+            if info.get("archive_snapshot"):
+                facts["archive"] = info["archive_snapshot"]
+            new: Optional[str] = None
+            action = None
+            if mine:
+                new = "active"
+                vol = _first(mine, "aws_ebs_volume")
+                fs = _first(mine, "aws_efs_file_system")
+                b = _first(mine, "aws_s3_bucket")
+                if vol:
+                    facts.update(volume_id=vol["attributes"].get("id"),
+                                 availability_zone=vol["attributes"].get("availability_zone"),
+                                 size=vol["attributes"].get("size"))
+                if fs:
+                    facts["file_system_id"] = fs["attributes"].get("id")
+                elif info["type"] == "efs":
+                    for r in mine:
+                        if r["type"] == "aws_efs_access_point":
+                            facts["file_system_id"] = r["attributes"].get("file_system_id")
+                            break
+                if b:
+                    facts["bucket_name"] = b["attributes"].get("bucket") or facts.get("bucket_name")
+                if cur == "archived":
+                    action = "restore"
+            else:
+                req = info.get("requested_state")
+                if req == "archived" and cur == "active" and (name, "snapshot") in done:
+                    new, action = "archived", "snapshot"
+                elif req == "destroyed" and cur in ("active", "archived"):
+                    new = "destroyed"
+                    action = "wipe" if (name, "empty_bucket") in done else None
+            if new is None or (rec is not None and new == cur and rec.get("facts", {}) == {**rec.get("facts", {}), **facts}):
+                continue
+            if rec is None:
+                rec = {"state": None, "generation": 1, "facts": {}, "history": []}
+                recs[name] = rec
+            old_facts = rec.get("facts") or {}
+            if new != cur:
+                if cur == "destroyed" and new == "active":
+                    rec["generation"] = int(rec.get("generation") or 1) + 1
+                entry = {"from": cur, "to": new, "run": run, "at": now(), "generation": rec.get("generation", 1)}
+                if action:
+                    entry["action"] = action
+                _hist(rec, entry)
+                changes[name] = [cur, new]
+            rec["state"] = new
+            if new in ("destroyed",):
+                facts = {k: v for k, v in {**old_facts, **facts}.items() if k not in ("volume_id", "file_system_id")}
+            elif new == "archived":
+                facts = {k: v for k, v in {**old_facts, **facts}.items() if k != "volume_id"}
+            else:
+                facts = {**old_facts, **facts}
+            rec["facts"] = facts
+        txn.save("storage-state.yaml", data)
+        _storage_read_model(txn, run)
+    return changes
+
+
+def _storage_read_model(txn: Any, run: str) -> None:
+    """meta-state/storage.yaml: states and attachments as recorded (a read-model)."""
+    st = txn.load("storage-state.yaml").get("storages") or {}
+    lp = txn.load("launch-params.yaml").get("instances") or {}
+    model: Dict[str, Any] = {}
+    for name, rec in sorted(st.items()):
+        facts = rec.get("facts") or {}
+        attachments = sorted(n for n, r in lp.items() if r.get("launched")
+                             and any(mm.get("storage") == name for mm in r.get("mounts") or []))
+        model[name] = {"builder": facts.get("builder"), "type": facts.get("type"),
+                       "current_state": rec.get("state"), "generation": rec.get("generation", 1),
+                       "attachments": attachments,
+                       "attachment_cardinality": "single" if facts.get("type") == "ebs" else "many"}
+    old = txn.load("storage.yaml")
+    if (old.get("storages") or {}) != model:
+        txn.save("storage.yaml", {"run": run, "storages": model})
+
+
+# --------------------------------------------------------------------------- instances
+def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    return _first(mine, "aws_instance")
+
+
+def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str) -> Dict[str, Any]:
+    """Record the instances of an applied instance root; returns {instance: what happened}."""
+    res = resources(state)
+    out: Dict[str, Any] = {}
+    with ms.transaction("csis_record instance root %s" % root.get("builder")) as txn:
+        lp_data = txn.load("launch-params.yaml")
+        is_data = txn.load("instance-state.yaml")
+        pins = txn.load("pins.yaml")
+        lps = lp_data.setdefault("instances", {})
+        iss = is_data.setdefault("instances", {})
+        pin_map = pins.setdefault("instances", {})
+        pending = pins.setdefault("pending_replacements", {})
+        upgrades = pins.setdefault("upgrades", [])
+        for name, info in sorted((root.get("instances") or {}).items()):
+            mine = under(res, info["address"])
+            inst = _instance_resource(mine)
+            srec = iss.get(name)
+            if inst is None:
+                # gone: a decommission or an ephemeral teardown that the apply carried out
+                if name in lps or (srec and srec.get("current")):
+                    why = "decommission" if info.get("decommission") else ("ephemeral" if info.get("ephemeral") else "gone")
+                    if info.get("decommission") or info.get("ephemeral") or (name in lps and not lps[name].get("launched")):
+                        lps.pop(name, None)
+                        if name in pin_map:
+                            upgrades.append({"kind": "instance", "name": name, "from": pin_map.pop(name), "op": why, "run": run})
+                        pending.pop(name, None)
+                        if srec and srec.get("current"):
+                            closed = dict(srec["current"], why=why, closed_run=run, closed_at=now())
+                            _hist(srec, closed)
+                            srec["current"] = None
+                        out[name] = why
+                continue
+            a = inst["attributes"]
+            params = copy.deepcopy(info.get("launch_params") or {})
+            ephemeral = bool(info.get("ephemeral"))
+            kind = "ephemeral" if ephemeral else "durable"
+            if srec is None:
+                srec = {"generation": {"durable": 0, "ephemeral": 0}, "current": None, "history": []}
+                iss[name] = srec
+            cur = srec.get("current")
+            opened = False
+            if not cur or cur.get("instance_id") != a.get("id"):
+                if cur:
+                    _hist(srec, dict(cur, why="replaced", closed_run=run, closed_at=now()))
+                counters = srec.setdefault("generation", {"durable": 0, "ephemeral": 0})
+                counters[kind] = int(counters.get(kind) or 0) + 1
+                cur = {"number": counters[kind], "kind": kind, "opened_run": run, "opened_at": now()}
+                opened = True
+            cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "ami_id": a.get("ami"),
+                        "availability_zone": a.get("availability_zone"), "instance_type": a.get("instance_type")})
+            srec["current"] = cur
+            old_pin = pin_map.get(name)
+            if not ephemeral and (old_pin is None or name in pending or opened) and a.get("ami") and old_pin != a.get("ami"):
+                pin_map[name] = a.get("ami")
+                upgrades.append({"kind": "instance", "name": name, "from": old_pin, "to": a.get("ami"),
+                                 "op": "bind" if old_pin is None else ("upgrade" if name in pending else "follow"),
+                                 "run": run})
+            pending.pop(name, None)
+            prev = lps.get(name) or {}
+            params["build"] = pin_map.get(name, a.get("ami") or "unbound")
+            params["hostname"] = "%s-%03d" % (name, cur["number"])
+            params["launched"] = True
+            params["launched_run"] = prev.get("launched_run") if (prev.get("launched") and not opened) else run
+            lps[name] = params
+            out[name] = "launched" if opened else "standing"
+        del upgrades[:-200]
+        txn.save("launch-params.yaml", lp_data)
+        txn.save("instance-state.yaml", is_data)
+        txn.save("pins.yaml", pins)
+        _storage_read_model(txn, run)
+    return out
+
+
+def record_root(config_root: str, root: Mapping[str, Any], run: str,
+                done_transitions: Iterable[Mapping[str, Any]] = (), state: Optional[Mapping[str, Any]] = None
+                ) -> Dict[str, Any]:
+    ms = MetaState(config_root)
+    if state is None:
+        state = pull_state(root["directory"], root.get("binary") or "terraform")
+    if root["lifecycle"] == "storage":
+        return {"storages": record_storage_root(ms, root, state, run, done_transitions)}
+    if root["lifecycle"] == "instance-image":
+        return {"instances": record_instance_root(ms, root, state, run)}
+    return {}

@@ -1,0 +1,90 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_storage_transition
+short_description: Run one storage transition step of a csis.infra storage root
+version_added: 0.1.0
+description:
+  - C(snapshot) (EBS C(active -> archived)) snapshots the volume terraform recorded in the root's
+    state as C(csis-<label>-archive), reusing an existing archive snapshot, refusing a volume that is
+    still attached, and waits for completion.
+  - C(delete_archive_snapshot) deletes the archive snapshot (after a restore, or C(archived -> destroyed)).
+  - C(empty_bucket) deletes every object version and delete marker of the bucket before its destroy.
+  - The C(csis.infra.tofu_root) role runs these only after the gate passed and
+    M(csis.infra.csis_apply_check) allowed the apply in the same run.
+  - Uses boto3 with the root's runtime (region, profile, endpoints); credentials come from the environment.
+author:
+  - csis.infra maintainers
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  root:
+    description: The root (an entry of M(csis.infra.csis_render)'s C(roots)).
+    type: dict
+    required: true
+  transition:
+    description: One entry of the root's C(transitions_before) or C(transitions_after).
+    type: dict
+    required: true
+  when_phase:
+    description: Whether the step runs before or after the apply (for messages).
+    type: str
+    choices: [before, after]
+    default: before
+attributes:
+  check_mode:
+    support: full
+    details: Reports what it would do; touches nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Archive snapshot before the volume's whitelisted destroy
+  csis.infra.csis_storage_transition:
+    config_root: "{{ csis_root }}"
+    root: "{{ root }}"
+    transition: {storage: mnt_data, action: snapshot, snapshot_name: csis-mnt-data-archive}
+"""
+
+RETURN = r"""
+result:
+  description: What the step did (snapshot id, deleted snapshots, objects removed).
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.transitions import TransitionError, run_transition
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config_root=dict(type="path", required=True),
+            root=dict(type="dict", required=True),
+            transition=dict(type="dict", required=True),
+            when_phase=dict(type="str", choices=["before", "after"], default="before"),
+        ),
+        supports_check_mode=True,
+    )
+    t = module.params["transition"]
+    if module.check_mode:
+        module.exit_json(changed=t.get("action") != "record", result={"would": t})
+    try:
+        res = run_transition(module.params["root"], t)
+    except TransitionError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=not res.get("noop") and not res.get("absent"), result=res)
+
+
+if __name__ == "__main__":
+    main()
