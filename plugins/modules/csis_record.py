@@ -55,6 +55,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+written:
+  description: The meta-state files this call rewrote (empty when reality matched the records).
+  returned: success
+  type: list
+  elements: str
 storages:
   description: Storage state changes recorded, as C(name -> [from, to]).
   returned: for storage roots
@@ -88,7 +93,7 @@ def main():
         out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"])
     except (RecordError, MetaStateError) as exc:
         module.fail_json(msg=str(exc))
-    changed = any(bool(v) for v in out.values())
+    changed = bool(out.get("written"))
     module.exit_json(changed=changed, **out)
 
 

@@ -450,15 +450,27 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it when the OS allows (Linux /proc)."""
+    try:
+        with open("/proc/self/status", "r", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)  # fallback: briefly set, then restore
+    os.umask(current)
+    return current
+
+
 def _write_atomic(path: str, payload: bytes) -> None:
     """Replace ``path`` with ``payload``: tmp in the same dir, fsync, rename, fsync dir."""
     directory = os.path.dirname(path)
     try:
         mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o644 & ~umask
+        mode = 0o644 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -155,6 +155,7 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
             rec["facts"] = facts
         txn.save("storage-state.yaml", data)
         _storage_read_model(txn, run)
+    changes["_written"] = list(txn.written)
     return changes
 
 
@@ -251,6 +252,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
         txn.save("instance-state.yaml", is_data)
         txn.save("pins.yaml", pins)
         _storage_read_model(txn, run)
+    out["_written"] = list(txn.written)
     return out
 
 
@@ -261,7 +263,12 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
     if state is None:
         state = pull_state(root["directory"], root.get("binary") or "terraform")
     if root["lifecycle"] == "storage":
-        return {"storages": record_storage_root(ms, root, state, run, done_transitions)}
-    if root["lifecycle"] == "instance-image":
-        return {"instances": record_instance_root(ms, root, state, run)}
-    return {}
+        got = record_storage_root(ms, root, state, run, done_transitions)
+        key = "storages"
+    elif root["lifecycle"] == "instance-image":
+        got = record_instance_root(ms, root, state, run)
+        key = "instances"
+    else:
+        return {"written": []}
+    written = got.pop("_written", [])
+    return {key: got, "written": written}
