@@ -1,0 +1,102 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Validation of whole trees: the example is clean; every case of the bad-input corpus
+(tests/bad_inputs/*.yaml, one small mutation of examples/ each) fails with exactly the
+problems it lists, naming file and key, and leaves the tree (generated/, meta-state/)
+byte-identical."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs"))
+import corpus  # noqa: E402
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError, load_tree  # noqa: E402
+
+CASES = corpus.case_files()
+
+
+def test_the_corpus_is_large_enough():
+    assert len(CASES) >= 45
+
+
+@pytest.fixture
+def example(tmp_path):
+    return corpus.copy_examples(str(tmp_path / "tree"))
+
+
+def test_the_example_tree_is_valid(example):
+    before = corpus.tree_hash(example)
+    tree, meta = load_and_validate(example, run_version=corpus.version_stub({}))
+    assert sorted(tree.instances) == ["test", "test2"]
+    assert sorted(tree.storages) == ["default-bucket", "efs-storage", "mnt_data"]
+    assert corpus.tree_hash(example) == before
+
+
+def test_the_example_tree_is_valid_with_the_real_executable(example):
+    load_and_validate(example)  # runs `terraform version -json`
+
+
+def test_the_example_overlay_applies(example):
+    tree, _ = load_and_validate(example, overlays=["overlays/apply-all.yml"], run_version=corpus.version_stub({}))
+    assert tree.config.apply_storage is True and tree.config.apply_instances is True
+    assert tree.config_source["apply_storage"] == "overlays/apply-all.yml"
+
+
+def test_load_tree_raises_with_every_problem(example):
+    corpus.apply_mutation(example, {"file": "storages/storage0.yaml", "set": {"storages.0.share_mode": "1"}})
+    corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.0.bogus": 1}})
+    with pytest.raises(ConfigError) as err:
+        load_tree(example)
+    assert [(p.file, p.key) for p in err.value.problems] == [
+        ("storages/storage0.yaml", "storages[0] (mnt_data).share_mode"),
+        ("instances/instances.yaml", "instances[0] (test2).bogus")]
+    assert str(err.value).splitlines() == [str(p) for p in err.value.problems]
+
+
+def test_every_problem_is_reported_at_once(example):
+    """Problems of several files and of both stages (load and cross-file) come together."""
+    muts = [
+        {"file": "storages/storage0.yaml", "set": {"storages.2.share_mode": "2700"}},
+        {"file": "instances/instances.yaml", "set": {"instances.1.image": "nope"}},
+        {"file": "cfg/storage-builders.yml", "set": {"storage_builders.1.variables.size": 5}},
+        {"file": "cfg/_config.yml", "set": {"config.apply_storage": "no"}},
+        {"file": "storages/storage0.yaml", "set": {"storages.1.lifecycle": {"expire_days": 0}}},
+    ]
+    for mut in muts:
+        corpus.apply_mutation(example, mut)
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    keys = sorted((p.file, p.key) for p in err.value.problems)
+    assert keys == sorted([
+        ("storages/storage0.yaml", "storages[2] (efs-storage).share_mode"),
+        ("instances/instances.yaml", "instances[1] (test).image"),
+        ("cfg/storage-builders.yml", "storage_builders[1] (aws-ebs).variables.size"),
+        ("cfg/_config.yml", "config.apply_storage"),
+        ("storages/storage0.yaml", "storages[1] (default-bucket).lifecycle"),
+    ])
+    for p in err.value.problems:
+        assert p.file and p.key and p.message and "\n" not in str(p)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[os.path.basename(c)[:-5] for c in CASES])
+def test_bad_input(path, tmp_path):
+    case = corpus.load_case(path)
+    root = corpus.prepare(case, str(tmp_path / "tree"))
+    before = corpus.tree_hash(root)
+    assert any(p.startswith("generated" + os.sep) for p in before)  # generated/ is part of what is hashed
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(root, overlays=case.get("overlays") or (), undeclare=case.get("undeclare") or (),
+                          run_version=corpus.version_stub(case))
+    got = sorted((p.file, p.key, p.message) for p in err.value.problems)
+    assert got == corpus.expected(case)
+    for p in err.value.problems:
+        assert p.file, p  # every problem names its file
+        assert "\n" not in str(p), p  # and prints on one line
+    assert corpus.tree_hash(root) == before, "validation changed the tree"
+    assert not os.path.exists(os.path.join(root, "meta-state")) or case.get("meta"), "validation created meta-state/"
