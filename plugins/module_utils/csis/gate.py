@@ -222,18 +222,30 @@ def format_address(tokens: Iterable[Token]) -> str:
 
 
 def address_covered_by(address: str, entries: Iterable[str]) -> Optional[str]:
-    """The first whitelist entry whose segments are a prefix of ``address``'s, else None.
+    """The whitelist entry whose segments are a prefix of ``address``'s, else None.
 
     ``module.instance_test`` covers ``module.instance_test.aws_instance.this``,
     ``module.instance_test["x"].aws_instance.this`` and ``module.instance_test[0]...``
     but never ``module.instance_test2...``. An exact entry covers itself.
     """
-    addr = parse_address(address)
-    for entry in entries:
-        ent = parse_address(entry)
-        if len(ent) <= len(addr) and addr[:len(ent)] == ent:
-            return entry
-    return None
+    return Whitelist(entries).covering(address)
+
+
+class Whitelist:
+    """Whitelist entries parsed once; a lookup costs one set probe per address segment."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self._by_tokens: Dict[Tuple[Token, ...], str] = {}
+        for entry in entries:
+            self._by_tokens.setdefault(parse_address(entry), entry)
+
+    def covering(self, address: str) -> Optional[str]:
+        addr = parse_address(address)
+        for n in range(1, len(addr) + 1):
+            hit = self._by_tokens.get(addr[:n])
+            if hit is not None:
+                return hit
+        return None
 
 
 # --------------------------------------------------------------------------------------
@@ -320,6 +332,7 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) ->
             parse_address(e)
         except ValueError as exc:
             raise GateError("allow_destroy entry %r is not a terraform address: %s" % (e, exc))
+    whitelist = Whitelist(entries)
     verdict = PlanVerdict()
     for rc in plan.get("resource_changes") or []:
         if not isinstance(rc, Mapping):
@@ -358,7 +371,7 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) ->
         verdict.details.append(detail)
         if kind in ("delete", "replace"):
             try:
-                entry = address_covered_by(address, entries)
+                entry = whitelist.covering(address)
             except ValueError as exc:
                 raise GateError("cannot parse plan address %r: %s" % (address, exc))
             if entry is None:
