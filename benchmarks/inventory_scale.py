@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+# -*- coding: utf-8 -*-
+"""Scale benchmark of the csis.infra.meta_state inventory plugin.
+
+Generates meta-state for N launched instances (default 10,000) in a temporary
+configuration root, then times:
+
+* writing that meta-state through one ``MetaState`` transaction;
+* the pure library load (``metastate.launched_instances``);
+* ``ansible-inventory --list`` without cache (cold);
+* ``ansible-inventory --list`` with the jsonfile cache: the call that fills it and a
+  warm call served from it.
+
+Prints a small table (best and median wall time of ``--repeat`` runs, and the best
+CPU time, which is less sensitive to a busy machine). No thresholds.
+
+    .venv/bin/python benchmarks/inventory_scale.py [--count 10000] [--repeat 3] [--keep]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = ROOT / ".venv" / "bin"
+sys.path.insert(0, str(ROOT / ".venv" / "collections"))
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import (  # noqa: E402
+    MetaState, launched_instances)
+
+GROUPS = ["team", "ops", "data", "web", "batch"]
+IMAGES = ["base", "ubuntu-22.04", "gpu", "db"]
+
+
+def generate(count: int) -> Tuple[Dict, Dict]:
+    params, states = {}, {}
+    for i in range(count):
+        name = "node%05d" % i
+        ephemeral = i % 10 == 0
+        params[name] = {
+            "image": IMAGES[i % len(IMAGES)], "build": "ami-%017x" % (i % 50),
+            "machine_type": "t3.medium", "group": GROUPS[i % len(GROUPS)], "runtime": "aws",
+            "builder": "aws-ec2", "region": "us-east-1",
+            "mounts": [{"storage": "data%d" % (i % 7), "type": "ebs", "builder": "aws-ebs",
+                        "mount_point": "/mnt/data", "group": GROUPS[i % len(GROUPS)],
+                        "share_mode": "2770", "public_read": False, "device": "/dev/xvdf"}],
+            "hostname": "%s-%03d" % (name, 1 + i % 3), "ephemeral": ephemeral,
+            "tags": {"Owner": GROUPS[i % len(GROUPS)], "Env": "bench"},
+            "launched": True, "launched_run": "bench_run",
+        }
+        if i % 4 == 0:
+            params[name]["alias"] = "alias%05d" % i
+        states[name] = {
+            "generation": {"durable": 0 if ephemeral else 1, "ephemeral": 1 if ephemeral else 0},
+            "current": {"number": 1, "kind": "ephemeral" if ephemeral else "durable",
+                        "instance_id": "i-%017x" % i, "private_ip": "10.%d.%d.%d" % (i >> 16, (i >> 8) & 255, i & 255),
+                        "ami_id": "ami-%017x" % (i % 50), "availability_zone": "us-east-1a",
+                        "opened_run": "bench_run", "opened_at": "2026-11-29T06:13:54Z"},
+            "history": [],
+        }
+    return {"instances": params}, {"instances": states}
+
+
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn: Callable[[], object], repeat: int) -> List[Tuple[float, float]]:
+    """(wall seconds, CPU seconds of this process and its children) per run."""
+    out = []
+    for _ in range(repeat):
+        start, cpu = time.perf_counter(), _cpu()
+        fn()
+        out.append((time.perf_counter() - start, _cpu() - cpu))
+    return out
+
+
+def ansible_inventory(source: Path, *args: str) -> Callable[[], None]:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="1")
+
+    def run() -> None:
+        proc = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(source), "--list", *args],
+                              cwd=str(ROOT), env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit("ansible-inventory failed:\n" + proc.stderr)
+        run.hosts = len(json.loads(proc.stdout)["_meta"]["hostvars"])  # type: ignore[attr-defined]
+    return run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=10000, help="launched instances (default 10000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (default 3)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated tree and print its path")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="csis-inv-bench-"))
+    try:
+        root = work / "config"
+        lp, st = generate(args.count)
+        ms = MetaState(str(root))
+
+        def write() -> None:
+            with ms.transaction("benchmarks/inventory_scale.py") as txn:
+                txn.save("launch-params.yaml", lp)
+                txn.save("instance-state.yaml", st)
+        rows: List[Tuple[str, List[Tuple[float, float]]]] = [("write meta-state (1 transaction)", timed(write, 1))]
+        sizes = {n: os.path.getsize(ms.path(n)) for n in ("launch-params.yaml", "instance-state.yaml")}
+
+        loaded = {}
+
+        def load() -> None:
+            loaded["n"] = len(launched_instances(ms))
+        rows.append(("library: launched_instances()", timed(load, args.repeat)))
+
+        plain = work / "plain.csis.yml"
+        plain.write_text("plugin: csis.infra.meta_state\nconfig_root: config\n")
+        cached = work / "cached.csis.yml"
+        cached.write_text("plugin: csis.infra.meta_state\nconfig_root: config\ncache: true\n"
+                          "cache_plugin: ansible.builtin.jsonfile\ncache_connection: %s\n"
+                          "cache_timeout: 3600\n" % (work / "cache"))
+        cold = ansible_inventory(plain)
+        rows.append(("ansible-inventory --list (no cache)", timed(cold, args.repeat)))
+        fill = ansible_inventory(cached, "--flush-cache")
+        rows.append(("ansible-inventory --list (cache: fill)", timed(fill, args.repeat)))
+        warm = ansible_inventory(cached)
+        rows.append(("ansible-inventory --list (cache: warm)", timed(warm, args.repeat)))
+        empty = work / "empty.csis.yml"
+        empty.write_text("plugin: csis.infra.meta_state\nconfig_root: nothing-here\n")
+        rows.append(("ansible-inventory --list (0 hosts, baseline)", timed(ansible_inventory(empty), args.repeat)))
+
+        assert loaded["n"] == args.count and cold.hosts == fill.hosts == warm.hosts == args.count  # type: ignore[attr-defined]
+        print("csis.infra.meta_state inventory: %d launched instances (launch-params.yaml %.1f MB, "
+              "instance-state.yaml %.1f MB); python %s" % (
+                  args.count, sizes["launch-params.yaml"] / 1e6, sizes["instance-state.yaml"] / 1e6,
+                  sys.version.split()[0]))
+        width = max(len(r[0]) for r in rows)
+        print("%-*s  %9s  %9s  %9s  %4s" % (width, "measurement", "wall best", "wall med", "cpu best", "runs"))
+        for label, times in rows:
+            walls = [w for w, _ in times]
+            print("%-*s  %8.2fs  %8.2fs  %8.2fs  %4d" % (width, label, min(walls), statistics.median(walls),
+                                                    min(c for _, c in times), len(times)))
+        print("(wall times depend on machine load; cpu = user+sys of the process and its children)")
+        if args.keep:
+            print("tree kept in %s" % work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

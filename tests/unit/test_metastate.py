@@ -1,0 +1,520 @@
+# -*- coding: utf-8 -*-
+"""Unit tests for plugins/module_utils/csis/metastate.py (pure library, real processes)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COLLECTIONS = ROOT / ".venv" / "collections"
+if str(COLLECTIONS) not in sys.path:  # tests/conftest.py normally does this
+    sys.path.insert(0, str(COLLECTIONS))
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import metastate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import (  # noqa: E402
+    HEADER, MetaState, MetaStateError, launched_instances)
+
+
+def _ms(tmp_path: Path, **kw) -> MetaState:
+    return MetaState(str(tmp_path / "cfg"), **kw)
+
+
+def _write_raw(ms: MetaState, name: str, text: str) -> Path:
+    os.makedirs(ms.dir, exist_ok=True)
+    path = Path(ms.dir) / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+SAMPLES = {
+    "launch-params.yaml": {"instances": {"test2": {
+        "image": "base", "build": "ami-0123456789abcdef0", "machine_type": "t3.micro",
+        "group": "team", "runtime": "aws", "builder": "aws-ec2", "region": "eu-west-1",
+        "mounts": [{"storage": "data", "type": "ebs", "builder": "aws-ebs", "mount_point": "/mnt/data",
+                    "group": "team", "share_mode": "2770", "public_read": False, "device": "/dev/xvdf"}],
+        "hostname": "test2-001", "ephemeral": False, "tags": {"Owner": "team"},
+        "launched": True, "launched_run": "2026_11_29t06_13_54"}}},
+    "instance-state.yaml": {"instances": {"test2": {
+        "generation": {"durable": 1, "ephemeral": 0},
+        "current": {"number": 1, "kind": "durable", "instance_id": "i-0abc", "private_ip": "10.0.0.5",
+                    "ami_id": "ami-0123456789abcdef0", "availability_zone": "eu-west-1a",
+                    "opened_run": "r1", "opened_at": "2026-11-29T06:13:54Z"},
+        "history": []}}},
+    "pins.yaml": {"instances": {"test2": "ami-0123456789abcdef0"}, "pending_replacements": {},
+                  "upgrades": [{"kind": "instance", "name": "test2", "op": "bind", "run": "r1"}]},
+    "storage-state.yaml": {"storages": {"data": {
+        "state": "active", "generation": 1, "facts": {"builder": "aws-ebs", "type": "ebs"},
+        "history": [{"from": None, "to": "active", "run": "r1", "generation": 1}]}}},
+    "storage.yaml": {"run": "r1", "storages": {"data": {"builder": "aws-ebs", "type": "ebs"}}},
+    "verifications.yaml": {"verifications": [{"instance": "test2", "ok": True, "checks": []}]},
+    "lineage.yaml": {"builds": [{"build_id": "ami-1", "series": "base"}]},
+    "runs.yaml": {"runs": [{"run": "r1", "ok": True, "apply": {"storage": "applied"}}]},
+}
+
+
+# ---------------------------------------------------------------------------
+# reading / shapes
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(metastate.FILES))
+def test_missing_and_empty_files_read_as_empty_shape(tmp_path, name):
+    ms = _ms(tmp_path)
+    assert ms.load(name) == metastate.empty(name)
+    _write_raw(ms, name, "")
+    assert ms.load(name) == metastate.empty(name)
+    _write_raw(ms, name, HEADER + "# only comments\n")
+    assert ms.load(name) == metastate.empty(name)
+
+
+def test_empty_shapes():
+    assert metastate.empty("pins.yaml") == {"instances": {}, "pending_replacements": {}, "upgrades": []}
+    assert metastate.empty("instance-state.yaml") == {"instances": {}}
+    assert metastate.empty("runs.yaml") == {"runs": []}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_round_trip(tmp_path, name):
+    ms = _ms(tmp_path)
+    with ms.transaction("test") as txn:
+        txn.save(name, SAMPLES[name])
+    got = ms.load(name)
+    assert got == metastate.validate(name, SAMPLES[name])
+    text = Path(ms.path(name)).read_text(encoding="utf-8")
+    assert text.startswith(HEADER)
+    assert text == metastate.dumps(got)
+
+
+def test_load_returns_independent_copies(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save("pins.yaml", SAMPLES["pins.yaml"])
+        inside = txn.load("pins.yaml")
+        inside["instances"]["x"] = "ami-x"
+        assert "x" not in txn.load("pins.yaml")["instances"]
+    first = ms.load("pins.yaml")
+    first["instances"].clear()
+    assert ms.load("pins.yaml")["instances"] == {"test2": "ami-0123456789abcdef0"}
+
+
+def test_timestamps_stay_strings_and_datetimes_are_converted(tmp_path):
+    ms = _ms(tmp_path)
+    _write_raw(ms, "runs.yaml", "runs:\n- run: r1\n  at: 2026-11-29T06:13:54Z\n  day: 2026-11-29\n")
+    run = ms.load("runs.yaml")["runs"][0]
+    assert run["at"] == "2026-11-29T06:13:54Z" and run["day"] == "2026-11-29"
+    when = dt.datetime(2026, 11, 29, 6, 13, 54, tzinfo=dt.timezone.utc)
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "r2", "at": when, "pair": ("a", "b")}]})
+    run = ms.load("runs.yaml")["runs"][0]
+    assert run == {"run": "r2", "at": "2026-11-29T06:13:54+00:00", "pair": ["a", "b"]}
+
+
+def test_extra_top_level_keys_are_kept(tmp_path):
+    ms = _ms(tmp_path)
+    _write_raw(ms, "storage.yaml", "run: r7\nfuture_key: {a: 1}\nstorages: {}\n")
+    data = ms.load("storage.yaml")
+    assert data["run"] == "r7" and data["future_key"] == {"a": 1}
+    with ms.transaction() as txn:
+        data = txn.load("storage.yaml")
+        data["storages"]["s"] = {"builder": "aws-s3"}
+        txn.save("storage.yaml", data)
+    assert ms.load("storage.yaml")["future_key"] == {"a": 1}
+
+
+def test_missing_expected_keys_are_filled(tmp_path):
+    ms = _ms(tmp_path)
+    _write_raw(ms, "pins.yaml", "instances: {a: ami-1}\n")
+    assert ms.load("pins.yaml") == {"instances": {"a": "ami-1"}, "pending_replacements": {}, "upgrades": []}
+
+
+def test_corrupt_yaml_names_file_and_line(tmp_path):
+    ms = _ms(tmp_path)
+    _write_raw(ms, "launch-params.yaml", "instances:\n  a:\n    image: [unclosed\n    group: x\n")
+    with pytest.raises(MetaStateError) as err:
+        ms.load("launch-params.yaml")
+    msg = str(err.value)
+    assert msg.startswith("meta-state/launch-params.yaml: YAML syntax error at line ")
+    assert "line 4" in msg or "line 3" in msg
+
+
+@pytest.mark.parametrize("name,text,expected", [
+    ("launch-params.yaml", "instances: [a, b]\n",
+     "meta-state/launch-params.yaml: top-level key 'instances' must be a mapping, got list"),
+    ("launch-params.yaml", "- a\n- b\n",
+     "meta-state/launch-params.yaml: the document must be a mapping, got list"),
+    ("launch-params.yaml", "instances: {a: 3}\n",
+     "meta-state/launch-params.yaml: 'instances.a' must be a mapping, got integer"),
+    ("runs.yaml", "runs: {a: 1}\n",
+     "meta-state/runs.yaml: top-level key 'runs' must be a list, got mapping"),
+    ("storage-state.yaml", "storages: {data: {state: gone, generation: 1}}\n",
+     "meta-state/storage-state.yaml: 'storages.data.state' must be one of active|archived|destroyed, got 'gone'"),
+    ("storage-state.yaml", "storages: {data: {state: active, generation: one}}\n",
+     "meta-state/storage-state.yaml: 'storages.data.generation' must be an integer, got string"),
+    ("instance-state.yaml", "instances: {a: {current: [1]}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.current' must be a mapping, got list"),
+    ("instance-state.yaml", "instances: {a: {generation: {durable: x}}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.generation.durable' must be an integer, got string"),
+    ("pins.yaml", "instances: {a: [ami-1]}\n",
+     "meta-state/pins.yaml: 'instances.a' must map an instance name to an AMI id string, got list"),
+    ("verifications.yaml", "verifications: 3\n",
+     "meta-state/verifications.yaml: top-level key 'verifications' must be a list, got integer"),
+])
+def test_wrong_shapes_name_the_file(tmp_path, name, text, expected):
+    ms = _ms(tmp_path)
+    _write_raw(ms, name, text)
+    with pytest.raises(MetaStateError) as err:
+        ms.load(name)
+    assert str(err.value) == expected
+
+
+def test_wrong_shape_refused_on_save_and_nothing_written(tmp_path):
+    ms = _ms(tmp_path)
+    with pytest.raises(MetaStateError, match=r"^meta-state/storage-state.yaml: 'storages.d.state'"):
+        with ms.transaction() as txn:
+            txn.save("storage-state.yaml", {"storages": {"d": {"state": "deleted"}}})
+    assert not os.path.exists(ms.path("storage-state.yaml"))
+
+
+def test_non_plain_data_refused(tmp_path):
+    ms = _ms(tmp_path)
+    with pytest.raises(MetaStateError, match=r"meta-state/runs.yaml: 'runs\[0\].x' holds a set"):
+        with ms.transaction() as txn:
+            txn.save("runs.yaml", {"runs": [{"x": {1, 2}}]})
+
+
+def test_unknown_file_refused(tmp_path):
+    ms = _ms(tmp_path)
+    with pytest.raises(MetaStateError, match=r"meta-state/hosts.yaml: not a known meta-state file"):
+        ms.load("hosts.yaml")
+    with pytest.raises(MetaStateError, match="not a known"):
+        ms.load("../launch-params.yaml")
+
+
+def test_not_utf8(tmp_path):
+    ms = _ms(tmp_path)
+    os.makedirs(ms.dir)
+    Path(ms.path("runs.yaml")).write_bytes(b"runs: ['\xff\xfe']\n")
+    with pytest.raises(MetaStateError, match=r"^meta-state/runs.yaml: not UTF-8"):
+        ms.load("runs.yaml")
+
+
+# ---------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------
+
+def test_serialization_is_deterministic():
+    a = {"instances": {"b": {"z": 1, "a": 2}, "a": {"k": [3, 1]}}}
+    b = {"instances": {"a": {"k": [3, 1]}, "b": {"a": 2, "z": 1}}}
+    assert metastate.dumps(a) == metastate.dumps(b)
+    assert metastate.dumps(a) == HEADER + "instances:\n  a:\n    k:\n    - 3\n    - 1\n  b:\n    a: 2\n    z: 1\n"
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_dumps_matches_yaml_safe_dump(name):
+    import yaml
+    data = metastate.validate(name, SAMPLES[name])
+    data["odd"] = {"yes": "no", "on": "2026-11-29", "long": "word " * 40, "u": "caf\u00e9 \u2713",
+                   "multi": "line1\nline2\n", "num": "0755", "empty": "", "f": 1.5, "n": None}
+    assert metastate.dumps(data) == HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+
+
+def test_unchanged_save_leaves_bytes_and_mtime(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", SAMPLES["launch-params.yaml"])
+    path = Path(ms.path("launch-params.yaml"))
+    os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    before = path.read_bytes(), path.stat().st_mtime_ns, path.stat().st_ino
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", txn.load("launch-params.yaml"))
+        txn.save("runs.yaml", {"runs": []})  # empty shape, file absent: not created
+    assert txn.written == []
+    after = path.read_bytes(), path.stat().st_mtime_ns, path.stat().st_ino
+    assert after == before
+    assert not os.path.exists(ms.path("runs.yaml"))
+    # a real change is written, and only that file
+    with ms.transaction() as txn:
+        data = txn.load("launch-params.yaml")
+        data["instances"]["test2"]["alias"] = "db"
+        txn.save("launch-params.yaml", data)
+        txn.save("pins.yaml", txn.load("pins.yaml"))
+    assert txn.written == ["launch-params.yaml"]
+    assert path.stat().st_mtime_ns != before[1]
+
+
+def test_exception_inside_transaction_writes_nothing(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
+    old = Path(ms.path("runs.yaml")).read_bytes()
+    with pytest.raises(RuntimeError, match="boom"):
+        with ms.transaction() as txn:
+            txn.save("runs.yaml", {"runs": [{"run": "r2"}]})
+            txn.save("lineage.yaml", {"builds": [{"build_id": "ami-2"}]})
+            raise RuntimeError("boom")
+    assert Path(ms.path("runs.yaml")).read_bytes() == old
+    assert not os.path.exists(ms.path("lineage.yaml"))
+    # the lock was released
+    with MetaState(ms.config_root, lock_timeout=0).transaction():
+        pass
+
+
+def test_file_mode_is_kept_and_new_files_are_readable(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
+    path = Path(ms.path("runs.yaml"))
+    assert path.stat().st_mode & 0o444 == 0o444  # mkstemp's 0600 is not kept
+    os.chmod(path, 0o640)
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "r2"}]})
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_atomic_write_uses_replace_and_fsync(tmp_path, monkeypatch):
+    ms = _ms(tmp_path)
+    calls = []
+    real_replace, real_fsync = os.replace, os.fsync
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("replace", a, b)), real_replace(a, b))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", fd)), real_fsync(fd))[1])
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
+    kinds = [c[0] for c in calls]
+    assert kinds == ["fsync", "replace", "fsync"]  # file, rename, directory
+    src, dst = calls[1][1], calls[1][2]
+    assert os.path.dirname(src) == ms.dir and dst == ms.path("runs.yaml")
+    assert src.endswith(".tmp") and not os.path.exists(src)
+
+
+def test_crash_mid_write_leaves_old_file(tmp_path, monkeypatch):
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
+    old = Path(ms.path("runs.yaml")).read_bytes()
+
+    def crash(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(MetaStateError, match=r"^meta-state/runs.yaml: cannot write: Input/output error"):
+        with ms.transaction() as txn:
+            txn.save("runs.yaml", {"runs": [{"run": "r2"}]})
+    monkeypatch.undo()
+    assert Path(ms.path("runs.yaml")).read_bytes() == old
+    assert sorted(os.listdir(ms.dir)) == [".lock", "runs.yaml"]  # no temporary left behind
+    with MetaState(ms.config_root, lock_timeout=0).transaction():
+        pass  # and the lock is free
+
+
+def test_readers_only_see_whole_files(tmp_path):
+    ms = _ms(tmp_path)
+    big = {"instances": {"n%04d" % i: {"image": "x" * 50, "launched": True} for i in range(400)}}
+    small = {"instances": {"only": {"launched": True}}}
+    stop = threading.Event()
+    errors = []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                n = len(ms.load("launch-params.yaml")["instances"])
+                if n not in (0, 1, 400):
+                    errors.append(n)
+            except Exception as exc:  # pragma: no cover - the failure we test against
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(30):
+            with ms.transaction() as txn:
+                txn.save("launch-params.yaml", big if i % 2 else small)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+
+
+# ---------------------------------------------------------------------------
+# locking (real processes)
+# ---------------------------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {collections!r})
+    from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
+    ms = MetaState({root!r})
+    with ms.transaction("holder-test") as txn:
+        runs = txn.load("runs.yaml")
+        print("LOCKED", flush=True)
+        time.sleep({hold})
+        runs["runs"].append({{"run": "holder"}})
+        txn.save("runs.yaml", runs)
+    print("DONE", flush=True)
+""")
+
+
+def _holder(ms: MetaState, hold: float) -> subprocess.Popen:
+    code = HOLDER.format(collections=str(COLLECTIONS), root=ms.config_root, hold=hold)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.strip() == "LOCKED", line
+    return proc
+
+
+def test_second_writer_waits_then_proceeds_without_lost_update(tmp_path):
+    ms = _ms(tmp_path)
+    proc = _holder(ms, 1.0)
+    try:
+        started = time.monotonic()
+        with ms.transaction("waiter") as txn:
+            waited = time.monotonic() - started
+            runs = txn.load("runs.yaml")  # sees the holder's write: read under the lock
+            runs["runs"].append({"run": "waiter"})
+            txn.save("runs.yaml", runs)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert waited >= 0.5
+    assert [r["run"] for r in ms.load("runs.yaml")["runs"]] == ["holder", "waiter"]
+
+
+def test_lock_timeout_names_the_holder(tmp_path):
+    ms = _ms(tmp_path)
+    proc = _holder(ms, 3.0)
+    try:
+        with pytest.raises(MetaStateError) as err:
+            with MetaState(ms.config_root, lock_timeout=0.2).transaction("impatient"):
+                pytest.fail("must not get the lock")
+        msg = str(err.value)
+        assert msg.startswith("meta-state/.lock: meta-state is locked by pid %d on host %s since "
+                              % (proc.pid, socket.gethostname()))
+        assert "(holder-test); another csis.infra run is writing this tree. Wait for it, or if " \
+               "that process is gone the lock frees itself" in msg
+    finally:
+        proc.wait(timeout=30)
+
+
+def test_sigkilled_holder_does_not_block(tmp_path):
+    ms = _ms(tmp_path)
+    proc = _holder(ms, 600)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    # the description of the dead holder is still in the file, but the kernel freed the lock
+    assert json.loads(Path(ms.dir, ".lock").read_text())["pid"] == proc.pid
+    # lock_timeout=0: one try, no waiting; it would raise if the dead holder still held it
+    with MetaState(ms.config_root, lock_timeout=0).transaction("after-kill") as txn:
+        txn.save("runs.yaml", {"runs": [{"run": "after-kill"}]})
+    assert ms.load("runs.yaml")["runs"] == [{"run": "after-kill"}]
+
+
+def test_lock_file_describes_the_holder_and_is_cleared(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction("csis.infra.site / record"):
+        info = json.loads(Path(ms.dir, ".lock").read_text())
+        assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+        assert info["what"] == "csis.infra.site / record" and info["since"].endswith("Z")
+    assert Path(ms.dir, ".lock").read_text() == ""
+
+
+def test_nested_transaction_refused(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction():
+        with pytest.raises(MetaStateError, match="already open in this thread"):
+            with MetaState(ms.config_root).transaction():
+                pass
+
+
+def test_other_thread_waits_for_the_lock(tmp_path):
+    ms = _ms(tmp_path)
+    order = []
+    with ms.transaction():
+        def run():
+            with ms.transaction():
+                order.append("thread")
+        thread = threading.Thread(target=run)
+        thread.start()
+        time.sleep(0.3)
+        order.append("main")
+    thread.join(timeout=10)
+    assert order == ["main", "thread"]
+
+
+# ---------------------------------------------------------------------------
+# secrets
+# ---------------------------------------------------------------------------
+
+FAKE_PRIVATE_KEY = "-----BEGIN " + "RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n"
+
+
+@pytest.mark.parametrize("data,where", [
+    ({"instances": {"a": {"note": "key AKIA" + "ABCDEFGHIJKLMNOP" + " used"}}}, "instances.a.note: looks like an AWS access key id"),
+    ({"instances": {"a": {"user_data": FAKE_PRIVATE_KEY}}}, "instances.a.user_data: looks like a private key"),
+    ({"instances": {"a": {"enrollment_token": "abc"}}}, "instances.a.enrollment_token: a non-empty value under a secret-named key"),
+    ({"instances": {"a": {"db": {"Password": "hunter2"}}}}, "instances.a.db.Password: a non-empty value"),
+    ({"instances": {"a": {"client_secret": "x"}}}, "instances.a.client_secret: a non-empty value"),
+    ({"instances": {"a": {"env": ["X=" + "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY"]}}}, "instances.a.env[0]: looks like an AWS secret access key"),
+    ({"instances": {"a": {"s": "IQoJb3JpZ2luX2Vj" + "EJr//////////wEaCXVzLWVhc3QtMSJHMEUCIQ"}}}, "instances.a.s: looks like an AWS session token"),
+])
+def test_secret_scanner_refuses(tmp_path, data, where):
+    ms = _ms(tmp_path)
+    with pytest.raises(MetaStateError) as err:
+        with ms.transaction() as txn:
+            txn.save("launch-params.yaml", data)
+    msg = str(err.value)
+    assert msg.startswith("meta-state/launch-params.yaml: refusing to write secret-shaped data")
+    assert where in msg
+    for value in ("hunter2", "ABCDEFGHIJKLMNOP", "MIIEowIBAAKCAQEA", "EXAMPLEKEY"):
+        assert value not in msg  # never echoed
+    assert not os.path.exists(ms.path("launch-params.yaml"))
+
+
+def test_secret_scanner_allows_ordinary_data(tmp_path):
+    ms = _ms(tmp_path)
+    data = {"instances": {"a": {
+        "commit": "3f786850e387550fdab836ed7e6dc881de23001b",   # sha1 hex
+        "user_data_sha256": "90f8" * 16,
+        "enrollment": {"enrollment": "sftd-token", "server_label": "x"},  # a value naming a token
+        "token": "", "password": None, "secret_ref": {"env": ""},
+        "build": "ami-0123456789abcdef0", "instance_id": "i-0123456789abcdef0",
+    }}}
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", data)
+    assert ms.load("launch-params.yaml")["instances"]["a"]["commit"].startswith("3f78")
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+def test_launched_instances_joins_launch_params_and_current(tmp_path):
+    ms = _ms(tmp_path)
+    lp = {"instances": {
+        "test2": dict(SAMPLES["launch-params.yaml"]["instances"]["test2"]),
+        "planned": {"image": "base", "launched": False},
+        "nostate": {"image": "base", "launched": True, "ephemeral": True},
+    }}
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", lp)
+        txn.save("instance-state.yaml", SAMPLES["instance-state.yaml"])
+    got = launched_instances(ms)
+    assert list(got) == ["nostate", "test2"]
+    assert got["test2"]["current"]["instance_id"] == "i-0abc"
+    assert got["test2"]["name"] == "test2" and got["test2"]["mounts"][0]["storage"] == "data"
+    assert got["test2"]["generation"] == {"durable": 1, "ephemeral": 0}
+    assert got["nostate"]["current"] is None
+    assert got["nostate"]["generation"] == {"durable": 0, "ephemeral": 0}
+
+
+def test_launched_instances_of_missing_tree_is_empty(tmp_path):
+    assert launched_instances(_ms(tmp_path)) == {}
