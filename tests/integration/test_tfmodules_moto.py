@@ -1,0 +1,400 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The terraform modules (tfmodules/) applied for real against the session's moto server.
+
+Each test writes a small root calling one module, runs ``init`` + ``apply``, checks the
+result with boto3, then requires a second ``plan -detailed-exitcode`` to be empty
+(exit 0): a module that moto (or AWS) makes non-idempotent fails here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Dict, List, Optional
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TFMODULES = os.path.join(REPO_ROOT, "tfmodules")
+MODULES = ("aws_instance", "aws_storage_ebs", "aws_storage_efs", "aws_storage_s3", "identity_groups")
+
+
+def hcl(value) -> str:
+    """HCL literal for a JSON-able value (JSON is valid HCL expression syntax)."""
+    return json.dumps(value)
+
+
+def provider_block(url: str, region: str = "us-east-2") -> str:
+    """The provider settings that work against a moto server (see docs/local-endpoint.md)."""
+    services = ("ec2", "efs", "iam", "s3", "sts", "ssm")
+    endpoints = "\n".join("    %s = %s" % (svc, hcl(url)) for svc in services)
+    return """provider "aws" {
+  region                      = %s
+  s3_use_path_style           = true
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+
+  endpoints {
+%s
+  }
+}
+""" % (hcl(region), endpoints)
+
+
+def s3_backend_block(url: str, bucket: str, key: str, region: str = "us-east-2") -> str:
+    return """terraform {
+  backend "s3" {
+    bucket                      = %s
+    key                         = %s
+    region                      = %s
+    use_lockfile                = true
+    use_path_style              = true
+    skip_credentials_validation = true
+    skip_requesting_account_id  = true
+    skip_metadata_api_check     = true
+    skip_region_validation      = true
+    skip_s3_checksum            = true
+    endpoints = {
+      s3  = %s
+      sts = %s
+    }
+  }
+}
+""" % (hcl(bucket), hcl(key), hcl(region), hcl(url), hcl(url))
+
+
+def module_block(label: str, module: str, inputs: Dict[str, object]) -> str:
+    lines = ['module "%s" {' % label, "  source = %s" % hcl(os.path.join(TFMODULES, module))]
+    lines += ["  %s = %s" % (k, hcl(v)) for k, v in inputs.items()]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def outputs_block(label: str, names: List[str]) -> str:
+    return "".join('output "%s" {\n  value = module.%s.%s\n}\n' % (n, label, n) for n in names)
+
+
+class Root:
+    def __init__(self, path, env: Dict[str, str]) -> None:
+        self.path = str(path)
+        self.env = env
+        os.makedirs(self.path, exist_ok=True)
+
+    def write(self, name: str, text: str) -> None:
+        with open(os.path.join(self.path, name), "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+    def tf(self, *args: str, ok=(0,)) -> subprocess.CompletedProcess:
+        proc = subprocess.run(["terraform", *args], cwd=self.path, env=self.env,
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode not in ok:
+            raise AssertionError("terraform %s -> %d\n%s\n%s" % (" ".join(args), proc.returncode,
+                                                                 proc.stdout[-6000:], proc.stderr[-6000:]))
+        return proc
+
+    def init(self) -> None:
+        self.tf("init", "-input=false", "-no-color")
+
+    def apply(self) -> None:
+        self.tf("apply", "-auto-approve", "-input=false", "-no-color")
+
+    def outputs(self) -> Dict[str, object]:
+        raw = json.loads(self.tf("output", "-json").stdout)
+        return {k: v["value"] for k, v in raw.items()}
+
+    def assert_no_changes(self) -> None:
+        proc = self.tf("plan", "-detailed-exitcode", "-input=false", "-no-color", ok=(0, 2))
+        assert proc.returncode == 0, "second plan is not empty (perpetual diff):\n" + proc.stdout[-6000:]
+
+    def apply_and_converge(self) -> Dict[str, object]:
+        self.init()
+        self.apply()
+        self.assert_no_changes()
+        return self.outputs()
+
+
+def make_root(tmp_path, tf_env, moto_endpoint, body: str, backend: Optional[str] = None) -> Root:
+    root = Root(tmp_path, tf_env)
+    root.write("providers.tf", provider_block(moto_endpoint.url))
+    if backend:
+        root.write("backend.tf", backend)
+    root.write("main.tf", body)
+    return root
+
+
+def tags_of(items) -> Dict[str, str]:
+    return {t["Key"]: t["Value"] for t in items or []}
+
+
+# -- static checks --------------------------------------------------------------------
+def test_fmt_clean(tf_env):
+    proc = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", TFMODULES],
+                          env=tf_env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_files(module):
+    for name in ("versions.tf", "variables.tf", "main.tf", "outputs.tf", "README.md"):
+        assert os.path.isfile(os.path.join(TFMODULES, module, name)), (module, name)
+    with open(os.path.join(TFMODULES, module, "versions.tf"), encoding="utf-8") as fh:
+        versions = fh.read()
+    assert 'required_version = ">= 1.5"' in versions
+    if module != "identity_groups":
+        assert 'version = ">= 5.0, < 6.0"' in versions
+    for name in ("main.tf", "variables.tf", "outputs.tf"):
+        with open(os.path.join(TFMODULES, module, name), encoding="utf-8") as fh:
+            assert 'provider "' not in fh.read(), "modules take the provider from the caller"
+
+
+# -- EBS ------------------------------------------------------------------------------
+def test_ebs_volume(tmp_path, tf_env, moto_endpoint):
+    body = module_block("data", "aws_storage_ebs", {
+        "name": "tfm-ebs-data",
+        "size": 20,
+        "subnet_id": moto_endpoint.subnet_ids["private-b"],
+        "tags": {"csis:storage": "data", "Team": "infra"},
+    }) + outputs_block("data", ["volume_id", "volume_arn", "availability_zone"])
+    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
+
+    assert out["availability_zone"] == "us-east-2b"
+    vol = moto_endpoint.client("ec2").describe_volumes(VolumeIds=[out["volume_id"]])["Volumes"][0]
+    assert vol["AvailabilityZone"] == "us-east-2b"
+    assert vol["Size"] == 20
+    assert vol["VolumeType"] == "gp3"
+    assert vol["Encrypted"] is True
+    assert tags_of(vol["Tags"]) == {"Name": "tfm-ebs-data", "csis:storage": "data", "Team": "infra"}
+    assert out["volume_arn"].endswith(":volume/" + out["volume_id"])
+
+
+def test_ebs_volume_from_snapshot(tmp_path, tf_env, moto_endpoint):
+    ec2 = moto_endpoint.client("ec2")
+    src = ec2.create_volume(AvailabilityZone="us-east-2a", Size=12)["VolumeId"]
+    snap = ec2.create_snapshot(VolumeId=src, TagSpecifications=[
+        {"ResourceType": "snapshot", "Tags": [{"Key": "Name", "Value": "tfm-archive"}]}])["SnapshotId"]
+    body = module_block("restored", "aws_storage_ebs", {
+        "name": "tfm-ebs-restored", "size": 12, "availability_zone": "us-east-2a",
+        "snapshot_name": "tfm-archive",
+    }) + outputs_block("restored", ["volume_id"])
+    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
+    vol = ec2.describe_volumes(VolumeIds=[out["volume_id"]])["Volumes"][0]
+    assert vol["SnapshotId"] == snap
+
+
+# -- EFS ------------------------------------------------------------------------------
+def test_efs_access_points_and_mount_targets(tmp_path, tf_env, moto_endpoint):
+    subnets = [moto_endpoint.subnet_ids["private-a"], moto_endpoint.subnet_ids["private-b"]]
+    client_sg = moto_endpoint.security_groups["addl"]
+    body = module_block("shared", "aws_storage_efs", {
+        "name": "tfm-efs-shared",
+        "transition_to_ia": "AFTER_30_DAYS",
+        "access_points": {
+            "team": {"gid": 3000, "path": "/team", "permissions": "2770"},
+            "ops": {"gid": 3001, "path": "/ops", "permissions": "2750"},
+        },
+        "public_read": True,
+        "vpc_id": moto_endpoint.vpc_id,
+        "mount_target_subnet_ids": subnets,
+        "client_security_group_ids": [client_sg],
+        "tags": {"csis:storage": "shared"},
+    }) + outputs_block("shared", ["file_system_id", "access_point_ids", "public_read_access_point_id",
+                                  "security_group_id", "mount_target_ids"])
+    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
+
+    efs = moto_endpoint.client("efs")
+    fs_id = out["file_system_id"]
+    fs = efs.describe_file_systems(FileSystemId=fs_id)["FileSystems"][0]
+    assert fs["CreationToken"] == "tfm-efs-shared"
+    assert fs["Encrypted"] is True
+    assert fs["PerformanceMode"] == "generalPurpose"
+    assert tags_of(fs["Tags"]) == {"Name": "tfm-efs-shared", "csis:storage": "shared"}
+    policies = efs.describe_lifecycle_configuration(FileSystemId=fs_id)["LifecyclePolicies"]
+    assert {"TransitionToIA": "AFTER_30_DAYS"} in policies
+
+    aps = {ap["AccessPointId"]: ap for ap in efs.describe_access_points(FileSystemId=fs_id)["AccessPoints"]}
+    assert set(out["access_point_ids"]) == {"team", "ops"}
+    team = aps[out["access_point_ids"]["team"]]
+    assert team["PosixUser"]["Uid"] == 0 and team["PosixUser"]["Gid"] == 3000
+    assert team["RootDirectory"]["Path"] == "/team"
+    assert team["RootDirectory"]["CreationInfo"] == {"OwnerUid": 0, "OwnerGid": 3000, "Permissions": "2770"}
+    assert tags_of(team["Tags"])["csis:group"] == "team"
+    assert tags_of(team["Tags"])["Name"] == "tfm-efs-shared-team"
+    public = aps[out["public_read_access_point_id"]]
+    assert public["RootDirectory"]["Path"] == "/"
+
+    mts = efs.describe_mount_targets(FileSystemId=fs_id)["MountTargets"]
+    assert sorted(mt["SubnetId"] for mt in mts) == sorted(subnets)
+    sg_id = out["security_group_id"]
+    for mt in mts:
+        assert efs.describe_mount_target_security_groups(
+            MountTargetId=mt["MountTargetId"])["SecurityGroups"] == [sg_id]
+    sg = moto_endpoint.client("ec2").describe_security_groups(GroupIds=[sg_id])["SecurityGroups"][0]
+    assert sg["GroupName"].startswith("csis-efs-tfm-efs-shared-")
+    assert sg["VpcId"] == moto_endpoint.vpc_id
+    nfs = [p for p in sg["IpPermissions"] if p.get("FromPort") == 2049]
+    assert len(nfs) == 1 and nfs[0]["IpProtocol"] == "tcp" and nfs[0]["ToPort"] == 2049
+    assert [g["GroupId"] for g in nfs[0]["UserIdGroupPairs"]] == [client_sg]
+
+
+def test_efs_adopt_existing(tmp_path, tf_env, moto_endpoint):
+    efs = moto_endpoint.client("efs")
+    fs_id = efs.create_file_system(CreationToken="tfm-efs-preexisting")["FileSystemId"]
+    body = module_block("adopted", "aws_storage_efs", {
+        "name": "tfm-efs-adopted",
+        "existing_file_system_id": fs_id,
+        "access_points": {"team": {"gid": 3000, "path": "/team", "permissions": "2770"}},
+    }) + outputs_block("adopted", ["file_system_id", "access_point_ids", "public_read_access_point_id"])
+    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
+    assert out["file_system_id"] == fs_id
+    assert out.get("public_read_access_point_id") is None  # null outputs are left out of `output -json`
+    fss = [f for f in efs.describe_file_systems()["FileSystems"] if f["CreationToken"] == "tfm-efs-adopted"]
+    assert fss == [], "adopting must not create a file system"
+    aps = efs.describe_access_points(FileSystemId=fs_id)["AccessPoints"]
+    assert [ap["AccessPointId"] for ap in aps] == [out["access_point_ids"]["team"]]
+
+
+# -- S3 -------------------------------------------------------------------------------
+def test_s3_bucket(tmp_path, tf_env, moto_endpoint):
+    bucket = "tfm-s3-shared"
+    body = module_block("shared", "aws_storage_s3", {
+        "bucket_name": bucket,
+        "force_destroy": True,
+        "group_prefixes": ["team", "ops"],
+        "public_read": True,
+        "lifecycle_rules": [
+            {"id": "team-archive", "prefix": "team/", "transition_days": 30,
+             "storage_class": "STANDARD_IA", "expire_days": 365},
+            {"id": "ops-expire", "prefix": "ops/", "transition_days": 0,
+             "storage_class": "", "expire_days": 7},
+        ],
+        "tags": {"csis:storage": "shared"},
+    }) + outputs_block("shared", ["bucket", "bucket_arn", "group_prefixes"])
+    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
+
+    s3 = moto_endpoint.client("s3")
+    assert out["bucket"] == bucket
+    assert out["bucket_arn"] == "arn:aws:s3:::" + bucket
+    assert out["group_prefixes"] == {"team": "team/", "ops": "ops/"}
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
+    assert keys == ["ops/", "team/"]
+    assert tags_of(s3.get_object_tagging(Bucket=bucket, Key="team/")["TagSet"])["csis:group"] == "team"
+    assert tags_of(s3.get_bucket_tagging(Bucket=bucket)["TagSet"]) == {"Name": bucket, "csis:storage": "shared"}
+
+    policy = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])
+    (stmt,) = policy["Statement"]
+    assert stmt["Sid"] == "AccountWideReadOnly" and stmt["Effect"] == "Allow"
+    assert sorted(stmt["Action"]) == ["s3:GetObject", "s3:ListBucket"]
+    assert sorted(stmt["Resource"]) == ["arn:aws:s3:::" + bucket, "arn:aws:s3:::%s/*" % bucket]
+    assert stmt["Condition"] == {"StringEquals": {"aws:PrincipalAccount": moto_endpoint.account_id}}
+
+    rules = {r["ID"]: r for r in s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]}
+    assert set(rules) == {"team-archive", "ops-expire"}
+    team = rules["team-archive"]
+    assert team["Status"] == "Enabled"
+    assert team["Filter"] == {"Prefix": "team/"}
+    assert team["Transitions"] == [{"Days": 30, "StorageClass": "STANDARD_IA"}]
+    assert team["Expiration"] == {"Days": 365}
+    assert "Transitions" not in rules["ops-expire"]
+    assert rules["ops-expire"]["Expiration"] == {"Days": 7}
+
+
+# -- instance -------------------------------------------------------------------------
+def test_instance_with_volume(tmp_path, tf_env, moto_endpoint):
+    subnet = moto_endpoint.subnet_ids["private-a"]
+    sgs = [moto_endpoint.security_groups["addl"], moto_endpoint.security_groups["ssh_relay"]]
+    user_data = "#!/bin/bash\necho csis > /etc/csis-node\n"
+    body = module_block("data", "aws_storage_ebs", {
+        "name": "tfm-node-data", "size": 10, "subnet_id": subnet,
+    }) + """
+module "node" {
+  source                 = %s
+  name                   = "tfm-node-1"
+  ami_name_pattern       = "imgfile-basic-dask-pckr-ebs-ans-*"
+  instance_type          = "t3.small"
+  subnet_id              = %s
+  vpc_security_group_ids = %s
+  iam_instance_profile   = %s
+  user_data              = %s
+  tags                   = { "csis:instance" = "node-1" }
+  ebs_volumes = {
+    data = { volume_id = module.data.volume_id, device_name = "/dev/xvdf" }
+  }
+}
+""" % (hcl(os.path.join(TFMODULES, "aws_instance")), hcl(subnet), hcl(sgs),
+       hcl(moto_endpoint.instance_profile), hcl(user_data)) + outputs_block(
+        "node", ["instance_id", "private_ip", "ami_id", "desired_ami_id", "availability_zone"]) + outputs_block(
+        "data", ["volume_id"]).replace('output "volume_id"', 'output "data_volume_id"')
+    root = make_root(tmp_path, tf_env, moto_endpoint, body)
+    out = root.apply_and_converge()
+
+    newest = moto_endpoint.amis["imgfile-basic-dask-pckr-ebs-ans-20261115"]
+    assert out["ami_id"] == newest and out["desired_ami_id"] == newest
+    assert out["availability_zone"] == "us-east-2a"
+    ec2 = moto_endpoint.client("ec2")
+    inst = ec2.describe_instances(InstanceIds=[out["instance_id"]])["Reservations"][0]["Instances"][0]
+    assert inst["State"]["Name"] == "running"
+    assert inst["ImageId"] == newest
+    assert inst["InstanceType"] == "t3.small"
+    assert inst["SubnetId"] == subnet
+    assert inst["PrivateIpAddress"] == out["private_ip"]
+    assert "PublicIpAddress" not in inst
+    assert sorted(g["GroupId"] for g in inst["SecurityGroups"]) == sorted(sgs)
+    assert inst["IamInstanceProfile"]["Arn"].endswith(":instance-profile/" + moto_endpoint.instance_profile)
+    assert inst["MetadataOptions"]["HttpTokens"] == "required"
+    assert tags_of(inst["Tags"]) == {"Name": "tfm-node-1", "csis:instance": "node-1"}
+    attrs = ec2.describe_instance_attribute(InstanceId=out["instance_id"], Attribute="userData")
+    import base64
+    assert base64.b64decode(attrs["UserData"]["Value"]).decode() == user_data
+    vol = ec2.describe_volumes(VolumeIds=[out["data_volume_id"]])["Volumes"][0]
+    assert [(a["InstanceId"], a["Device"]) for a in vol["Attachments"]] == [(out["instance_id"], "/dev/xvdf")]
+
+    # user_data and ami are ignored after creation: a change plans nothing
+    root.write("main.tf", body.replace(hcl(user_data), hcl(user_data + "# v2\n")))
+    root.assert_no_changes()
+
+
+# -- S3 backend with lock file, and remote state between roots -------------------------
+def test_s3_backend_and_remote_state(tmp_path, tf_env, moto_endpoint):
+    url, bucket = moto_endpoint.url, moto_endpoint.state_bucket
+    key = "tfm-test/identity/terraform.tfstate"
+    identity = make_root(tmp_path / "identity", tf_env, moto_endpoint,
+                         module_block("identity", "identity_groups", {"groups": {"team": 3000, "ops": 3001}})
+                         + outputs_block("identity", ["group_gids"]),
+                         backend=s3_backend_block(url, bucket, key))
+    out = identity.apply_and_converge()
+    assert out["group_gids"] == {"team": 3000, "ops": 3001}
+
+    s3 = moto_endpoint.client("s3")
+    state = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert state["outputs"]["group_gids"]["value"] == {"team": 3000, "ops": 3001}
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="tfm-test/").get("Contents", [])]
+    assert key + ".tflock" not in keys, "the lock file is removed after the run"
+
+    consumer = Root(tmp_path / "consumer", tf_env)
+    consumer.write("main.tf", """
+data "terraform_remote_state" "identity" {
+  backend = "s3"
+  config = {
+    bucket                      = %s
+    key                         = %s
+    region                      = "us-east-2"
+    use_path_style              = true
+    skip_credentials_validation = true
+    skip_requesting_account_id  = true
+    skip_metadata_api_check     = true
+    skip_region_validation      = true
+    endpoints                   = { s3 = %s, sts = %s }
+  }
+}
+
+output "team_gid" {
+  value = data.terraform_remote_state.identity.outputs.group_gids["team"]
+}
+""" % (hcl(bucket), hcl(key), hcl(url), hcl(url)))
+    assert consumer.apply_and_converge()["team_gid"] == 3000
