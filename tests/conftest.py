@@ -82,6 +82,16 @@ class MotoEndpoint:
 
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoEndpoint]:
+    shared = os.environ.get(SHARED_MOTO_ENV)
+    if shared:
+        # xdist: the controller started and seeded ONE server for every worker
+        la = local_aws.LocalAws(shared)
+        rec = la.recorded()
+        assert rec, "the shared moto server recorded in %s is gone" % shared
+        seeded = la.seeded() or la.seed()
+        yield MotoEndpoint(url=rec["url"], env=la.env(rec["url"]), overlay_path=la.overlay_path,
+                           env_path=la.env_path, state_dir=shared, seeded=seeded, _la=la)
+        return
     state_dir = str(tmp_path_factory.mktemp("local-aws"))
     la = local_aws.LocalAws(state_dir)
     # any free port (never clash with a demo server on 5055); the server exits with this
@@ -95,6 +105,35 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoEndp
         )
     finally:
         la.stop()
+
+
+SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, start one moto server in the controller for all workers (the workers
+    inherit its directory through the environment); it stops with the controller."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SHARED_MOTO_ENV):
+        return
+    if not getattr(config.option, "numprocesses", None):
+        return
+    if "not integration" in (getattr(config.option, "markexpr", "") or ""):
+        return
+    import tempfile
+
+    state_dir = tempfile.mkdtemp(prefix="csis-test-moto-")
+    la = local_aws.LocalAws(state_dir)
+    la.start(prefer_port=None, tie_to_caller=True)
+    la.seed()
+    os.environ[SHARED_MOTO_ENV] = state_dir
+    config._csis_shared_moto = la  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    la = getattr(config, "_csis_shared_moto", None)
+    if la is not None:
+        la.stop()
+        os.environ.pop(SHARED_MOTO_ENV, None)
 
 
 @pytest.fixture(scope="session")
