@@ -65,17 +65,20 @@ def load_case(path: str) -> Dict[str, Any]:
 
 
 #: run artefacts a demo run may have left in examples/: never part of a test's tree
-RUN_ARTEFACTS = ("meta-state", "state", ".terraform", "unmount-receipts")
+RUN_ARTEFACTS = ("meta-state", "state", ".terraform", "unmount-receipts", "generated")
+#: a previous render of examples/ (the checked-in golden), laid in as the tree's generated/
+GOLDEN = os.path.join(os.path.dirname(EXAMPLES), "tests", "golden", "examples")
 
 
 def copy_examples(dest: str) -> str:
-    """A copy of examples/ as shipped: the configuration and generated/, without the
-    meta-state or local state a run of the example may have left there."""
+    """A copy of examples/ as shipped (without anything a run of the example may have
+    left there), with a previous render (the golden) as its generated/."""
     def ignore(directory: str, names: List[str]) -> List[str]:
         if os.path.abspath(directory) == EXAMPLES:
             return [n for n in names if n in RUN_ARTEFACTS]
         return [n for n in names if n in (".terraform", "tfplan") or n.endswith(".tfstate")]
     shutil.copytree(EXAMPLES, dest, symlinks=True, ignore=ignore)
+    shutil.copytree(GOLDEN, os.path.join(dest, "generated"))
     return dest
 
 

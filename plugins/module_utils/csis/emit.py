@@ -116,6 +116,14 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_root(directory: str, files: Mapping[str, str]) -> None:
     """Replace ``directory``'s generated files by ``files`` as one swap."""
     parent = os.path.dirname(directory.rstrip("/"))
@@ -130,11 +138,12 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
     stage = tempfile.mkdtemp(prefix="." + base + ".new-", dir=parent)
     try:
         for n, text in files.items():
-            p = os.path.join(stage, n)
-            with open(p, "w", encoding="utf-8") as fh:
+            with open(os.path.join(stage, n), "w", encoding="utf-8") as fh:
                 fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
+        # every file is durable before the swap; fsync them in parallel (one fsync per file
+        # in a row was the hot spot of rendering 1,000 instances)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, max(1, len(files)))) as pool:
+            list(pool.map(_fsync_file, [os.path.join(stage, n) for n in files]))
         with open(os.path.join(stage, MANIFEST), "w", encoding="utf-8") as fh:
             json.dump({"generated_by": "csis.infra", "files": sorted(files)}, fh, indent=1, sort_keys=True)
             fh.write("\n")
