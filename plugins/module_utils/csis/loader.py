@@ -43,8 +43,12 @@ class ConfigError(Exception):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (silently dropped otherwise)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader (libyaml when available) that refuses duplicate mapping keys."""
+
+
+class _PyUniqueKeyLoader(yaml.SafeLoader):
+    """The pure-Python loader: only used again on a syntax error, for its clearer message."""
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -70,6 +74,7 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_PyUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def _name_of(node: Any) -> Optional[str]:
@@ -121,7 +126,10 @@ def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[st
         problems.append(Problem(rel, "", "cannot read file: %s" % (exc.strerror or exc)))
         return None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        try:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        except yaml.YAMLError:
+            data = yaml.load(text, Loader=_PyUniqueKeyLoader)  # noqa: S506 - same error, clearer words
     except DuplicateKeyError as exc:
         mark = exc.problem_mark
         problems.append(Problem(rel, _key_path_at(text, mark.index),

@@ -42,6 +42,9 @@ class Validation:
         self.t = tree
         self.meta = meta
         self.problems: List[Problem] = []
+        self._launched: Optional[Dict[str, Any]] = None
+        self._declared: Optional[Dict[str, Set[str]]] = None
+        self._recorded: Optional[Dict[str, Set[str]]] = None
 
     def add(self, kind: str, name: str, key: str, message: str) -> None:
         f, k = self.t.at(kind, name, key)
@@ -52,20 +55,33 @@ class Validation:
         return (self.meta.get("storage-state.yaml") or {}).get("storages") or {}
 
     def launched_records(self) -> Dict[str, Any]:
-        recs = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
-        return {n: r for n, r in recs.items() if isinstance(r, dict) and r.get("launched")}
+        if self._launched is None:
+            recs = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
+            self._launched = {n: r for n, r in recs.items() if isinstance(r, dict) and r.get("launched")}
+        return self._launched
+
+    def _index(self) -> Tuple[Dict[str, Set[str]], Dict[str, Set[str]]]:
+        """storage -> declared attachers, storage -> recorded (launched) attachers; built once."""
+        if self._declared is None:
+            declared: Dict[str, Set[str]] = {}
+            for n, i in self.t.instances.items():
+                for s in i.storages:
+                    declared.setdefault(s.name, set()).add(n)
+            recorded: Dict[str, Set[str]] = {}
+            for n, rec in self.launched_records().items():
+                for mnt in rec.get("mounts") or []:
+                    if isinstance(mnt, dict) and isinstance(mnt.get("storage"), str):
+                        recorded.setdefault(mnt["storage"], set()).add(n)
+            self._declared, self._recorded = declared, recorded
+        return self._declared, self._recorded  # type: ignore[return-value]
 
     def attachers(self, storage: str) -> List[str]:
         """Who attaches ``storage``: declared instances plus launched records (reality)."""
-        out = {n for n, i in self.t.instances.items() if any(s.name == storage for s in i.storages)}
-        for n, rec in self.launched_records().items():
-            for mnt in rec.get("mounts") or []:
-                if isinstance(mnt, dict) and mnt.get("storage") == storage:
-                    out.add(n)
-        return sorted(out)
+        declared, recorded = self._index()
+        return sorted(declared.get(storage, set()) | recorded.get(storage, set()))
 
     def declared_attachers(self, storage: str) -> List[str]:
-        return sorted(n for n, i in self.t.instances.items() if any(s.name == storage for s in i.storages))
+        return sorted(self._index()[0].get(storage, set()))
 
     # ------------------------------------------------------------------ rules
     def unresolved(self, kind: str, ref: str, table: Dict[str, Any]) -> Optional[str]:
