@@ -1,0 +1,96 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_forget
+short_description: Drop a csis.infra instance's or storage's meta-state records
+version_added: 0.1.0
+description:
+  - Forgets one launched instance (its C(launch-params.yaml) record, its pin and pending replacement; its open
+    generation in C(instance-state.yaml) is closed into the history with C(why=forgotten)) or one storage (its
+    C(storage-state.yaml) record). The C(storage.yaml) read-model follows.
+  - Writes through a meta-state transaction (lock, atomic replace), never by editing files.
+  - Looks the recorded resource up first, by its recorded id, and refuses to forget something that still exists at
+    the endpoint, or whose existence cannot be checked (endpoint down, permission refused), unless I(confirm) is true.
+  - Terraform state is not touched.
+author:
+  - csis.infra maintainers
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  overlays:
+    description: Overlay files (relative paths are relative to I(config_root)).
+    type: list
+    elements: path
+    default: []
+  instance:
+    description: The instance to forget. Exactly one of I(instance) and I(storage).
+    type: str
+  storage:
+    description: The storage to forget. Exactly one of I(instance) and I(storage).
+    type: str
+  confirm:
+    description: Forget even though the resource still exists (or its existence cannot be checked).
+    type: bool
+    default: false
+  run:
+    description: The run id recorded in the history.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Forget a storage whose volume was deleted behind the system's back
+  csis.infra.csis_forget:
+    config_root: examples
+    storage: mnt_data
+"""
+
+RETURN = r"""
+result:
+  description: What was forgotten, what the endpoint said (C(checked)), and the meta-state files written.
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaStateError
+from ansible_collections.csis.infra.plugins.module_utils.csis.stateops import StateOpError, forget_instance, forget_storage
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(config_root=dict(type="path", required=True),
+                           overlays=dict(type="list", elements="path", default=[]),
+                           instance=dict(type="str"), storage=dict(type="str"),
+                           confirm=dict(type="bool", default=False), run=dict(type="str")),
+        required_one_of=[("instance", "storage")],
+        mutually_exclusive=[("instance", "storage")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    fn, name = (forget_instance, p["instance"]) if p["instance"] else (forget_storage, p["storage"])
+    try:
+        res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"],
+                 check=module.check_mode)
+    except ConfigError as exc:
+        module.fail_json(msg=str(exc), problems=[str(x) for x in exc.problems])
+    except (StateOpError, MetaStateError) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=bool(res["written"]) or module.check_mode, result=res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_state_query
+short_description: Compare a csis.infra tree's meta-state with what the AWS endpoint reports (the drift report)
+version_added: 0.1.0
+description:
+  - Looks every owned storage (declared or recorded) and every launched instance up at its runtime's
+    endpoint, by the ids terraform recorded (C(facts.volume_id), C(facts.file_system_id), the storage's
+    bucket name, the instance ids of C(instance-state.yaml)), and scans for resources carrying the tree's
+    C(csis_config) tag that meta-state does not record.
+  - Writes C(<config_root>/generated/state-report.json) atomically (not in check mode) with one drift line per
+    finding, C(missing) (HARD), C(stale), C(foreign), C(changed), plus C(unavailable) lines for lookups that
+    failed (a permission or transport error is never read as absent) and C(note) lines.
+  - While the report holds a HARD line every real lifecycle run refuses to start (the first task of the
+    C(csis.infra.render) role); correct the record with the forget or state import playbooks, then query again.
+  - Reads meta-state only; never writes it. Credentials come from the environment (or the runtime's profile).
+author:
+  - csis.infra maintainers
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  overlays:
+    description: Overlay files (relative paths are relative to I(config_root)).
+    type: list
+    elements: path
+    default: []
+  run:
+    description: The run id named in the report (default a UTC timestamp).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: In check mode the lookups run and the lines are returned, but the report is not written.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Query the state
+  csis.infra.csis_state_query:
+    config_root: examples
+    overlays: [.local/aws/overlay.yml]
+  register: state
+
+- name: Show it
+  ansible.builtin.debug:
+    msg: "{{ state.lines }}"
+"""
+
+RETURN = r"""
+report:
+  description: The report as written to C(generated/state-report.json) (run, tree, reality, drift, unavailable, notes, summary).
+  returned: success
+  type: dict
+drift:
+  description: The drift lines, each C({kind, name, drift, detail, hard}).
+  returned: success
+  type: list
+  elements: dict
+unavailable:
+  description: "The lookups that failed, one C(<what>: <error>) string each."
+  returned: success
+  type: list
+  elements: str
+notes:
+  description: Notes (pending replacements, resources carrying another tree's tag, records without an id).
+  returned: success
+  type: list
+  elements: str
+summary:
+  description: Counts per drift kind, plus C(hard), C(unavailable) and C(notes).
+  returned: success
+  type: dict
+hard:
+  description: The refusal message of every HARD line (what makes a lifecycle run refuse to start).
+  returned: success
+  type: list
+  elements: str
+lines:
+  description: The console report, one line per entry.
+  returned: success
+  type: list
+  elements: str
+path:
+  description: The report file.
+  returned: success
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.drift import (
+    DriftError, console_lines, hard_lines, query, report_path, write_report)
+from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(config_root=dict(type="path", required=True),
+                           overlays=dict(type="list", elements="path", default=[]),
+                           run=dict(type="str")),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        report = query(p["config_root"], overlays=p["overlays"], run=p["run"])
+    except ConfigError as exc:
+        module.fail_json(msg=str(exc), problems=[str(x) for x in exc.problems])
+    except DriftError as exc:
+        module.fail_json(msg=str(exc))
+    changed = False
+    path = report_path(p["config_root"])
+    if not module.check_mode:
+        try:
+            path, changed = write_report(p["config_root"], report)
+        except OSError as exc:
+            module.fail_json(msg="cannot write %s: %s" % (path, exc))
+    module.exit_json(changed=changed, report=report, drift=report["drift"], unavailable=report["unavailable"],
+                     notes=report["notes"], summary=report["summary"], hard=hard_lines(report),
+                     lines=console_lines(report), path=path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+# -*- coding: utf-8 -*-
+"""The drift classification (pure), with hand-made records and reality; plus the lookups
+against a fake client (absent vs unavailable), the console text and the report file."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import drift as d
+
+TAG = "csis-example"
+
+
+def st(name, rec="active", stype="ebs", declared=True, **kw):
+    out = {"name": name, "declared": declared, "declared_state": "active" if declared else None,
+           "recorded_state": rec, "type": stype, "builder": "aws-" + stype, "runtime": "rt",
+           "volume_id": None, "file_system_id": None, "bucket": None, "archive": None, "lifecycle": None}
+    out.update(kw)
+    return out
+
+
+def inst(name, iid="i-0aaa", pin="ami-1", ami="ami-1", pending=False, pending_to=None):
+    return {"name": name, "runtime": "rt", "instance_id": iid, "recorded_ami": ami, "pin": pin,
+            "pending": {"to": pending_to} if pending else None, "is_pending": pending}
+
+
+def exps(storages=(), instances=()):
+    return {"tag": TAG, "runtimes": ["rt"], "storages": {s["name"]: s for s in storages},
+            "instances": {i["name"]: i for i in instances}}
+
+
+def vol(vid, present=True, state="in-use", **kw):
+    out = {"present": present, "what": "volume", "id": vid}
+    if present:
+        out.update(state=state, size=100, tags={"Name": "data", "csis_config": TAG})
+    out.update(kw)
+    return out
+
+
+def lines(report):
+    return [(x["drift"], x["kind"], x["name"], x["hard"]) for x in report["drift"]]
+
+
+def test_everything_present_is_no_drift():
+    e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="bkt")], [inst("web")])
+    r = d.classify(e, {"storages": {"data": vol("vol-1"), "b": {"present": True, "what": "bucket", "id": "bkt",
+                                                                  "state": "available", "tags": {}}},
+                       "instances": {"web": {"present": True, "id": "i-0aaa", "state": "running", "ami": "ami-1"}},
+                       "foreign": []}, run="r1")
+    assert r["drift"] == [] and r["unavailable"] == [] and r["notes"] == []
+    assert r["summary"] == {"missing": 0, "stale": 0, "foreign": 0, "changed": 0, "hard": 0, "unavailable": 0, "notes": 0}
+    assert d.console_lines(r) == ["state report for run r1", "  no drift: meta-state agrees with reality"]
+    assert r["reality"]["storages"]["data"]["id"] == "vol-1"
+
+
+def test_recorded_active_and_absent_is_missing_hard():
+    e = exps([st("data", volume_id="vol-1")])
+    r = d.classify(e, {"storages": {"data": vol("vol-1", present=False)}, "instances": {}, "foreign": []}, run="r")
+    assert lines(r) == [("missing", "storage", "data", True)]
+    assert r["drift"][0]["detail"] == "recorded active but not found in reality (volume vol-1)"
+    assert d.hard_lines(r) == ["state: missing storage data: recorded active but not found in reality (volume vol-1) "
+                               "(from state-report.json; re-run 'state query' after fixing)"]
+    assert d.console_lines(r)[1] == ("  missing  storage  data: recorded active but not found in reality "
+                                     "(volume vol-1) [HARD]")
+    assert r["summary"]["missing"] == 1 and r["summary"]["hard"] == 1
+
+
+def test_archived_without_snapshot_is_missing_and_leftover_volume_is_stale():
+    e = exps([st("data", rec="archived", archive="csis-data-archive")])
+    r = d.classify(e, {"storages": {"data": {"present": False, "what": "archive snapshot", "id": "csis-data-archive"}},
+                       "instances": {},
+                       "foreign": [{"what": "volume", "id": "vol-9", "name": "data", "kind": "storage", "tags": {}}]})
+    assert sorted(lines(r)) == [("missing", "storage", "data", True), ("stale", "storage", "data", False)]
+    assert any("recorded archived but volume vol-9 (Name data) still exists" == x["detail"] for x in r["drift"])
+
+
+def test_lookup_error_is_unavailable_never_missing():
+    e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="bkt")], [inst("web")])
+    r = d.classify(e, {"storages": {"data": {"error": "endpoint http://x unreachable: boom", "what": "volume", "id": "vol-1"},
+                                    "b": {"error": "REFUSED (AccessDenied): no", "what": "bucket", "id": "bkt"}},
+                       "instances": {"web": {"error": "endpoint http://x unreachable: boom", "id": "i-0aaa"}},
+                       "foreign": [], "unavailable": ["foreign volume scan (runtime rt): boom"]})
+    assert r["drift"] == []
+    assert r["unavailable"] == ["storage b: REFUSED (AccessDenied): no",
+                                "storage data: endpoint http://x unreachable: boom",
+                                "instance web: endpoint http://x unreachable: boom",
+                                "foreign volume scan (runtime rt): boom"]
+    assert r["reality"]["storages"]["data"]["present"] is None
+    assert d.hard_lines(r) == []
+    out = d.console_lines(r)
+    assert "  unavailable: storage data: endpoint http://x unreachable: boom" in out
+    assert out[-1] == "  no drift in what could be read (4 lookup(s) unavailable)"
+
+
+def test_destroyed_but_present_is_stale():
+    e = exps([st("b", rec="destroyed", stype="s3", bucket="bkt")])
+    r = d.classify(e, {"storages": {"b": {"present": True, "what": "bucket", "id": "bkt", "state": "available"}},
+                       "instances": {}, "foreign": []})
+    assert lines(r) == [("stale", "storage", "b", False)]
+    assert r["drift"][0]["detail"] == "recorded destroyed but bucket bkt still exists"
+
+
+def test_destroyed_volume_found_by_name_is_stale_not_foreign():
+    e = exps([st("data", rec="destroyed")])
+    r = d.classify(e, {"storages": {"data": {}}, "instances": {},
+                       "foreign": [{"what": "volume", "id": "vol-7", "name": "data", "kind": "storage", "tags": {}}]})
+    assert lines(r) == [("stale", "storage", "data", False)]
+
+
+def test_unhealthy_provider_state_is_stale():
+    e = exps([st("data", volume_id="vol-1")])
+    r = d.classify(e, {"storages": {"data": vol("vol-1", state="error")}, "instances": {}, "foreign": []})
+    assert lines(r) == [("stale", "storage", "data", False)]
+    assert r["drift"][0]["detail"] == "recorded active but volume vol-1 is error"
+
+
+def test_declared_lifecycle_not_carried_is_stale():
+    e = exps([st("fs", stype="efs", file_system_id="fs-1", lifecycle={"ia_days": 30}),
+              st("b", stype="s3", bucket="bkt", lifecycle={"transition_days": 30, "storage_class": "STANDARD_IA"}),
+              st("ok", stype="s3", bucket="bkt2", lifecycle={"transition_days": 30, "storage_class": "STANDARD_IA"})])
+    rule = {"ID": "csis", "Status": "Enabled", "Filter": {"Prefix": ""},
+            "Transitions": [{"Days": 30, "StorageClass": "STANDARD_IA"}]}
+    r = d.classify(e, {"storages": {
+        "fs": {"present": True, "what": "filesystem", "id": "fs-1", "state": "available", "lifecycle": {}},
+        "b": {"present": True, "what": "bucket", "id": "bkt", "state": "available", "lifecycle": []},
+        "ok": {"present": True, "what": "bucket", "id": "bkt2", "state": "available", "lifecycle": [rule]}},
+        "instances": {}, "foreign": []})
+    assert sorted(lines(r)) == [("stale", "storage", "b", False), ("stale", "storage", "fs", False)]
+    details = {x["name"]: x["detail"] for x in r["drift"]}
+    assert details["fs"] == "declared lifecycle (TransitionToIA=AFTER_30_DAYS) is not on filesystem fs-1"
+    assert details["b"] == "declared lifecycle (transition to STANDARD_IA after 30 days) is not on bucket bkt"
+
+
+def test_unrecorded_present_storage_is_foreign():
+    e = exps([st("b", rec=None, stype="s3", bucket="bkt"), st("gone", rec=None, stype="s3", bucket="g", declared=False)])
+    r = d.classify(e, {"storages": {"b": {"present": True, "what": "bucket", "id": "bkt", "state": "available"},
+                                    "gone": {"present": True, "what": "bucket", "id": "g", "state": "available"}},
+                       "instances": {}, "foreign": []})
+    assert sorted(lines(r)) == [("foreign", "storage", "b", False), ("foreign", "storage", "gone", False)]
+    details = {x["name"]: x["detail"] for x in r["drift"]}
+    assert details["b"] == "bucket bkt exists but meta-state has no record of it"
+    assert details["gone"].endswith("(and it is not in the YAML)")
+
+
+def test_second_volume_with_same_name_is_foreign_and_managed_one_is_found_by_id():
+    e = exps([st("data", volume_id="vol-managed")])
+    r = d.classify(e, {"storages": {"data": vol("vol-managed")}, "instances": {},
+                       "foreign": [{"what": "volume", "id": "vol-orphan", "name": "data", "kind": "storage",
+                                    "tags": {"Name": "data", "csis_config": TAG}}]})
+    assert lines(r) == [("foreign", "storage", "data", False)]
+    assert r["drift"][0]["detail"] == ("volume vol-orphan (tagged csis_config=csis-example) exists but meta-state has "
+                                       "no record of it; the managed volume of storage data is vol-managed")
+    assert r["reality"]["storages"]["data"]["id"] == "vol-managed"
+
+
+def test_foreign_instance_and_bucket_not_in_yaml():
+    e = exps([], [inst("web")])
+    r = d.classify(e, {"storages": {}, "instances": {"web": {"present": True, "state": "running", "ami": "ami-1"}},
+                       "foreign": [{"what": "instance", "id": "i-0bbb", "name": "web", "kind": "instance", "tags": {}},
+                                   {"what": "bucket", "id": "stray", "name": "stray", "kind": "storage", "tags": {}}]})
+    assert sorted(lines(r)) == [("foreign", "instance", "web", False), ("foreign", "storage", "stray", False)]
+    details = {x["name"]: x["detail"] for x in r["drift"]}
+    assert details["web"].endswith("; the managed instance web is i-0aaa")
+    assert details["stray"].endswith("(and it is not in the YAML)")
+
+
+def test_instance_missing_terminated_stopped():
+    e = exps([], [inst("a", iid="i-a"), inst("b", iid="i-b"), inst("c", iid="i-c")])
+    r = d.classify(e, {"storages": {}, "foreign": [], "instances": {
+        "a": {"present": False, "id": "i-a"},
+        "b": {"present": False, "id": "i-b", "state": "terminated"},
+        "c": {"present": True, "id": "i-c", "state": "stopped", "ami": "ami-1"}}})
+    assert lines(r) == [("missing", "instance", "a", True), ("missing", "instance", "b", True),
+                        ("stale", "instance", "c", False)]
+    assert r["drift"][1]["detail"] == "recorded launched but instance i-b is terminated"
+
+
+def test_booted_ami_differs_from_pin_is_changed_unless_pending():
+    e = exps([], [inst("a", pin="ami-pin"), inst("b", pin="ami-pin", pending=True, pending_to="ami-new")])
+    r = d.classify(e, {"storages": {}, "foreign": [], "instances": {
+        "a": {"present": True, "state": "running", "ami": "ami-other"},
+        "b": {"present": True, "state": "running", "ami": "ami-other"}}})
+    assert lines(r) == [("changed", "instance", "a", False)]
+    assert r["drift"][0]["detail"] == "instance i-0aaa boots ami-other but its pinned build is ami-pin"
+    assert r["notes"] == ["instance b: pending replacement: boots ami-other, pinned ami-pin, to be replaced by ami-new"]
+    assert r["summary"]["changed"] == 1 and r["summary"]["notes"] == 1
+    assert "  note: instance b: pending replacement: boots ami-other, pinned ami-pin, to be replaced by ami-new" \
+        in d.console_lines(r)
+
+
+def test_another_trees_tag_is_a_note_and_no_id_is_a_note():
+    e = exps([st("data", volume_id="vol-1"), st("x")], [inst("web", iid=None)])
+    obs = vol("vol-1")
+    obs["tags"] = {"csis_config": "other-tree"}
+    r = d.classify(e, {"storages": {"data": obs, "x": {}}, "instances": {"web": {}}, "foreign": []})
+    assert r["drift"] == []
+    assert len(r["notes"]) == 3
+    assert "csis_config=other-tree" in r["notes"][0]
+
+
+# --------------------------------------------------------------------------- lookups (fake client)
+class FakeErr(Exception):
+    def __init__(self, code, msg="x"):
+        super().__init__("An error occurred (%s): %s" % (code, msg))
+        self.response = {"Error": {"Code": code, "Message": msg}}
+
+
+class FakeClient:
+    def __init__(self, handlers):
+        self.handlers = handlers
+
+    def __getattr__(self, op):
+        def call(**kw):
+            h = self.handlers.get(op)
+            if h is None:
+                return {}
+            if isinstance(h, Exception):
+                raise h
+            return h(**kw) if callable(h) else h
+        return call
+
+
+def test_lookup_absent_vs_unavailable():
+    ep = d._Endpoint({"region": "r", "endpoints": {}}, lambda s, a: FakeClient({
+        "describe_volumes": FakeErr("InvalidVolume.NotFound"),
+        "describe_file_systems": FakeErr("AccessDeniedException", "nope"),
+        "get_bucket_tagging": FakeErr("NoSuchBucket"),
+        "describe_instances": FakeErr("InternalError")}))
+    assert d._lookup_volume(ep, "vol-1") == {"present": False, "what": "volume", "id": "vol-1"}
+    fs = d._lookup_filesystem(ep, "fs-1", True)
+    assert fs["error"].startswith("REFUSED (AccessDeniedException)")
+    assert d._lookup_bucket(ep, "b", False)["present"] is False
+    assert "error" in d._lookup_instance(ep, "i-1")
+
+
+def test_bucket_without_tags_is_present_and_other_s3_errors_unavailable():
+    ep = d._Endpoint({"region": "r"}, lambda s, a: FakeClient({
+        "get_bucket_tagging": FakeErr("NoSuchTagSet"), "get_bucket_lifecycle_configuration": FakeErr("NoSuchLifecycleConfiguration")}))
+    b = d._lookup_bucket(ep, "b", True)
+    assert b["present"] is True and b["lifecycle"] == []
+    ep2 = d._Endpoint({"region": "r"}, lambda s, a: FakeClient({"get_bucket_tagging": FakeErr("403")}))
+    assert d._lookup_bucket(ep2, "b", False)["error"].startswith("REFUSED (403)")
+
+
+def test_transport_error_marks_the_endpoint_down_and_fails_fast():
+    from botocore.exceptions import EndpointConnectionError
+
+    calls = []
+
+    def factory(service, access):
+        def boom(**kw):
+            calls.append(service)
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+        return FakeClient({"describe_volumes": boom, "describe_instances": boom, "describe_snapshots": boom,
+                           "describe_file_systems": boom, "list_buckets": boom, "get_bucket_tagging": boom})
+
+    e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="bkt")], [inst("web")])
+    access = {"region": "r", "endpoints": {"ec2": "http://127.0.0.1:9", "s3": "http://127.0.0.1:9",
+                                           "efs": "http://127.0.0.1:9"}}
+    reality = d.observe(e, lambda rt: access, factory)
+    assert calls == ["ec2"]  # one real try per endpoint url: every later lookup fails fast
+    r = d.classify(e, reality)
+    assert r["drift"] == []
+    assert any(u.startswith("storage data: endpoint http://127.0.0.1:9 unreachable") for u in r["unavailable"])
+    assert any(u.startswith("instance web: endpoint") for u in r["unavailable"])
+    assert any(u.startswith("foreign volume scan (runtime rt): endpoint") for u in r["unavailable"])
+
+
+def test_observe_scans_foreign_by_tag_excluding_recorded_ids():
+    def factory(service, access):
+        return FakeClient({
+            "describe_volumes": lambda **kw: (
+                {"Volumes": [{"VolumeId": "vol-1", "State": "in-use", "Size": 1, "Tags": [{"Key": "Name", "Value": "data"}]}]}
+                if "VolumeIds" in kw else
+                {"Volumes": [{"VolumeId": "vol-1", "State": "in-use", "Tags": []},
+                             {"VolumeId": "vol-2", "State": "available", "Tags": [{"Key": "Name", "Value": "data"}]}]}),
+            "describe_snapshots": {"Snapshots": []},
+            "describe_instances": {"Reservations": []},
+            "describe_file_systems": {"FileSystems": [{"FileSystemId": "fs-9", "LifeCycleState": "available",
+                                                       "Tags": [{"Key": "csis_config", "Value": "someone-else"}]}]},
+            "list_buckets": {"Buckets": [{"Name": "mine"}, {"Name": "stray"}, {"Name": "untagged"}]},
+            "get_bucket_tagging": lambda Bucket: (
+                {"TagSet": [{"Key": "csis_config", "Value": TAG}]} if Bucket != "untagged" else (_ for _ in ()).throw(FakeErr("NoSuchTagSet"))),
+        })
+
+    e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="mine")])
+    reality = d.observe(e, lambda rt: {"region": "r"}, factory)
+    assert [(f["what"], f["id"]) for f in reality["foreign"]] == [("volume", "vol-2"), ("bucket", "stray")]
+    r = d.classify(e, reality)
+    assert sorted(lines(r)) == [("foreign", "storage", "data", False), ("foreign", "storage", "stray", False)]
+
+
+def test_write_report_atomic_and_changed_only_on_new_findings(tmp_path):
+    root = str(tmp_path)
+    rep = d.classify(exps(), {"storages": {}, "instances": {}, "foreign": []}, run="r1")
+    path, changed = d.write_report(root, rep)
+    assert path == os.path.join(root, "generated", "state-report.json") and changed
+    assert json.load(open(path))["run"] == "r1"
+    rep2 = dict(rep, run="r2")
+    assert d.write_report(root, rep2)[1] is False
+    assert not [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".tmp")]
+    assert d.read_report(root)["run"] == "r2"
+
+
+def test_expectations_from_the_example_tree_and_hand_made_records():
+    from ansible_collections.csis.infra.plugins.module_utils.csis.loader import load_tree
+
+    tree = load_tree(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    meta = {
+        "storage-state.yaml": {"storages": {
+            "mnt_data": {"state": "active", "facts": {"builder": "aws-ebs", "type": "ebs", "volume_id": "vol-1"}},
+            "old-data": {"state": "archived", "facts": {"builder": "aws-ebs", "type": "ebs", "archive": "csis-old-data-archive"}},
+            "gone": {"state": "destroyed", "facts": {"builder": "aws-s3", "type": "s3", "bucket_name": "gone-bucket"}}}},
+        "launch-params.yaml": {"instances": {
+            "test2": {"launched": True, "runtime": "aws-east2-runtime"},
+            "test": {"launched": False}}},
+        "instance-state.yaml": {"instances": {"test2": {"current": {"instance_id": "i-1", "ami_id": "ami-1"}}}},
+        "pins.yaml": {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []},
+    }
+    e = d.expectations(tree, meta)
+    assert e["tag"] == "csis-example" and e["runtimes"] == ["aws-east2-runtime"]
+    s = e["storages"]
+    assert sorted(s) == ["default-bucket", "efs-storage", "gone", "mnt_data", "old-data"]
+    assert s["mnt_data"]["volume_id"] == "vol-1" and s["mnt_data"]["runtime"] == "aws-east2-runtime"
+    assert s["default-bucket"]["bucket"] == "csis-example-default-bucket" and s["default-bucket"]["recorded_state"] is None
+    assert s["default-bucket"]["lifecycle"] == {"transition_days": 30, "storage_class": "STANDARD_IA"}
+    assert s["efs-storage"]["type"] == "efs" and s["efs-storage"]["lifecycle"] == {"ia_days": 30}
+    assert s["old-data"]["declared"] is False and s["old-data"]["archive"] == "csis-old-data-archive"
+    assert s["gone"]["bucket"] == "gone-bucket" and s["gone"]["runtime"] == "aws-east2-runtime"
+    assert list(e["instances"]) == ["test2"]
+    assert e["instances"]["test2"]["instance_id"] == "i-1" and e["instances"]["test2"]["pin"] == "ami-1"

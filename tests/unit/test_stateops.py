@@ -1,0 +1,132 @@
+# -*- coding: utf-8 -*-
+"""forget / state import (plugins/module_utils/csis/stateops.py) against a fake endpoint:
+the refusals (still exists, cannot check, undeclared, wrong shape, absent) and what is written."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import stateops as so
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+class Err(Exception):
+    def __init__(self, code):
+        super().__init__("An error occurred (%s)" % code)
+        self.response = {"Error": {"Code": code}}
+
+
+def fake(**handlers):
+    class Client:
+        def __getattr__(self, op):
+            def call(**kw):
+                h = handlers[op]
+                if isinstance(h, Exception):
+                    raise h
+                return h(**kw) if callable(h) else h
+            return call
+    return lambda service, access: Client()
+
+
+@pytest.fixture()
+def root(tmp_path):
+    dest = str(tmp_path / "tree")
+    shutil.copytree(EXAMPLES, dest, ignore=shutil.ignore_patterns("generated", "meta-state", "state"))
+    with MetaState(dest).transaction("test") as txn:
+        txn.save("storage-state.yaml", {"storages": {"mnt_data": {
+            "state": "active", "generation": 1, "history": [],
+            "facts": {"builder": "aws-ebs", "type": "ebs", "volume_id": "vol-0aaaaaaaaaaaaaaaa"}}}})
+        txn.save("launch-params.yaml", {"instances": {"test2": {
+            "launched": True, "runtime": "aws-east2-runtime", "build": "ami-1",
+            "mounts": [{"storage": "mnt_data"}]}}})
+        txn.save("instance-state.yaml", {"instances": {"test2": {
+            "generation": {"durable": 1, "ephemeral": 0}, "history": [],
+            "current": {"number": 1, "instance_id": "i-0aaa", "ami_id": "ami-1"}}}})
+        txn.save("pins.yaml", {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []})
+    return dest
+
+
+def ms(root, name):
+    return MetaState(root).load(name)
+
+
+def test_forget_storage_whose_volume_is_gone(root):
+    res = so.forget_storage(root, "mnt_data", run="r1", factory=fake(describe_volumes=Err("InvalidVolume.NotFound")))
+    assert res["checked"] == "volume vol-0aaaaaaaaaaaaaaaa is gone" and res["mounted_by"] == ["test2"]
+    assert "storage-state.yaml" in res["written"]
+    assert ms(root, "storage-state.yaml")["storages"] == {}
+
+
+def test_forget_storage_refuses_while_it_exists_or_cannot_be_checked(root):
+    present = fake(describe_volumes={"Volumes": [{"VolumeId": "vol-0aaaaaaaaaaaaaaaa", "State": "in-use"}]})
+    with pytest.raises(so.StateOpError, match="still exists.*confirm=true"):
+        so.forget_storage(root, "mnt_data", factory=present)
+    with pytest.raises(so.StateOpError, match="cannot tell whether.*REFUSED \\(UnauthorizedOperation\\)"):
+        so.forget_storage(root, "mnt_data", factory=fake(describe_volumes=Err("UnauthorizedOperation")))
+    assert "mnt_data" in ms(root, "storage-state.yaml")["storages"]
+    so.forget_storage(root, "mnt_data", confirm=True, factory=present)
+    assert ms(root, "storage-state.yaml")["storages"] == {}
+    with pytest.raises(so.StateOpError, match="nothing is recorded"):
+        so.forget_storage(root, "mnt_data", factory=present)
+
+
+def test_forget_instance(root):
+    running = fake(describe_instances={"Reservations": [{"Instances": [
+        {"InstanceId": "i-0aaa", "State": {"Name": "running"}, "ImageId": "ami-1"}]}]})
+    with pytest.raises(so.StateOpError, match="the machine i-0aaa still exists"):
+        so.forget_instance(root, "test2", factory=running)
+    assert so.forget_instance(root, "test2", check=True, confirm=True, factory=running)["written"] == []
+    assert "test2" in ms(root, "launch-params.yaml")["instances"]
+    res = so.forget_instance(root, "test2", run="r2", factory=fake(describe_instances={"Reservations": [{"Instances": [
+        {"InstanceId": "i-0aaa", "State": {"Name": "terminated"}}]}]}))
+    assert res["checked"] == "i-0aaa is gone (terminated)"
+    assert ms(root, "launch-params.yaml")["instances"] == {}
+    pins = ms(root, "pins.yaml")
+    assert pins["instances"] == {} and pins["upgrades"][-1] == {"kind": "instance", "name": "test2", "from": "ami-1",
+                                                               "op": "forget", "run": "r2"}
+    st = ms(root, "instance-state.yaml")["instances"]["test2"]
+    assert st["current"] is None and st["history"][-1]["why"] == "forgotten" and st["generation"]["durable"] == 1
+
+
+def test_import_storage_refusals(root):
+    vol = fake(describe_volumes=Err("InvalidVolume.NotFound"))
+    with pytest.raises(so.StateOpError, match="not declared"):
+        so.import_storage(root, "nope", "vol-0bbbbbbbbbbbbbbbb", factory=vol)
+    with pytest.raises(so.StateOpError, match="is not a volume id"):
+        so.import_storage(root, "mnt_data", "fs-0bbbbbbbbbbbbbbbb", factory=vol)
+    with pytest.raises(so.StateOpError, match="does not exist at http://127.0.0.1:5055"):
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=vol)
+    with pytest.raises(so.StateOpError, match="cannot check"):
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=fake(describe_volumes=Err("InternalError")))
+    with MetaState(root).transaction("test") as txn:
+        data = txn.load("storage-state.yaml")
+        data["storages"]["old"] = {"state": "active", "facts": {"builder": "aws-ebs", "type": "ebs",
+                                                                  "volume_id": "vol-0cccccccccccccccc"}}
+        txn.save("storage-state.yaml", data)
+    with pytest.raises(so.StateOpError, match="already recorded for storage 'old'"):
+        so.import_storage(root, "mnt_data", "vol-0cccccccccccccccc", factory=vol)
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == "vol-0aaaaaaaaaaaaaaaa"
+
+
+def test_import_storage_records_active_with_facts(root):
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
+    assert res["changed"] and "storage-state.yaml" in res["written"]
+    rec = ms(root, "storage-state.yaml")["storages"]["mnt_data"]
+    assert rec["state"] == "active" and rec["facts"] == {
+        "builder": "aws-ebs", "type": "ebs", "volume_id": "vol-0bbbbbbbbbbbbbbbb", "availability_zone": "us-east-2a",
+        "size": 100, "archive": "csis-mnt-data-archive"}
+    assert rec["history"][-1]["action"] == "import" and rec["history"][-1]["from"] == "active"
+    again = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=vols)
+    assert again["changed"] is False and again["written"] == []
+    buckets = fake(get_bucket_tagging={"TagSet": []})
+    res = so.import_storage(root, "default-bucket", "csis-example-default-bucket", run="r4", factory=buckets)
+    rec = ms(root, "storage-state.yaml")["storages"]["default-bucket"]
+    assert rec["state"] == "active" and rec["facts"]["bucket_name"] == "csis-example-default-bucket"
+    assert rec["history"] == [{"from": None, "to": "active", "run": "r4", "at": rec["history"][0]["at"],
+                               "generation": 1, "action": "import", "id": "csis-example-default-bucket"}]
