@@ -176,6 +176,12 @@ binding:
   description: Path of the binding file.
   returned: with plan_file
   type: str
+plan_digest:
+  description:
+    - sha256 over every change the plan makes (address, actions, before and after values).
+    - Equal digests mean the same changes; an AWX apply job compares it with the digest its plan job published.
+  returned: when the plan was read
+  type: str
 '''
 
 from ansible.module_utils.basic import AnsibleModule

@@ -61,6 +61,7 @@ __all__ = [
     "show_plan_json",
     "run_gate",
     "plan_diff",
+    "plan_content_digest",
 ]
 
 BINDING_SUFFIX = ".csis-binding.json"
@@ -379,6 +380,28 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) ->
             else:
                 verdict.whitelisted.append({"address": shown, "entry": entry, "kind": kind})
     return verdict
+
+
+def plan_content_digest(plan: Mapping[str, Any]) -> str:
+    """sha256 over what the plan would do: every resource change that is not a no-op, with
+    its address, actions and before/after values (unknowns and sensitivity marks included).
+
+    Two plans with equal digests make the same changes; the AWX approval binds the apply job
+    to the plan job's digest (a plan that creates the same address with other values differs)."""
+    changes = []
+    for rc in plan.get("resource_changes") or []:
+        change = rc.get("change") or {}
+        actions = list(change.get("actions") or [])
+        if actions == ["no-op"]:
+            continue
+        changes.append({k: v for k, v in (
+            ("address", rc.get("address")), ("deposed", rc.get("deposed")), ("actions", actions),
+            ("before", change.get("before")), ("after", change.get("after")),
+            ("after_unknown", change.get("after_unknown")), ("before_sensitive", change.get("before_sensitive")),
+            ("after_sensitive", change.get("after_sensitive"))) if v is not None})
+    changes.sort(key=lambda c: (str(c.get("address")), str(c.get("deposed") or "")))
+    blob = json.dumps(changes, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def plan_diff(verdict: PlanVerdict) -> Dict[str, str]:
@@ -823,6 +846,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
         verdict = evaluate_plan(plan, allow)
         result.update(verdict.as_result())
         result["diff"] = plan_diff(verdict)
+        result["plan_digest"] = plan_content_digest(plan)
         problems += verdict.violations
         if problems:
             result["violations"] = problems
@@ -868,6 +892,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     result.update(verdict.as_result())
     result["diff"] = plan_diff(verdict)
     result["plan_sha256"] = sha_after
+    result["plan_digest"] = plan_content_digest(plan)
     problems += verdict.violations
     if problems:
         refuse(problems)

@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+"""Lifecycle overhead: what the playbook adds around terraform for one storage root.
+
+A one-EBS tree (the example tree cut to the storage ``mnt_data``: tests/support/e2e.py,
+``make_ebs_tree``) against a moto server this script starts (its own port and state):
+
+* playbook, create -- ``playbooks/storage.yml`` real run (render, init, plan binding,
+  plan, gate, apply-check, binding check, apply of that plan file, record): creates the volume;
+* bare, create     -- ``terraform init`` / ``plan -out`` / ``apply tfplan`` on a copy of the
+  same rendered root (same files, same depth, its own state key): creates a volume;
+* playbook, no-op  -- the playbook again (every plan empty);
+* bare, no-op      -- ``init`` / ``plan`` again on the bare copy.
+
+Prints wall times and the overhead (playbook - bare), plus the playbook's slowest tasks
+(from ``profile_tasks``). No thresholds. See benchmarks/README.md ("Lifecycle overhead").
+
+Usage: .venv/bin/python benchmarks/lifecycle_overhead.py [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+
+import e2e  # noqa: E402
+import local_aws  # noqa: E402
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env  # noqa: E402
+
+EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+
+
+def bare(root_dir: str, env: Dict[str, str]) -> List[Tuple[str, float]]:
+    """init, plan -out, apply <plan> (only if the plan has changes); [(step, seconds)]."""
+    steps = [("init", ["init", "-input=false", "-no-color", "-reconfigure",
+                       "-backend-config=" + next(f for f in os.listdir(root_dir) if f.endswith(".tfbackend.hcl"))]),
+             ("plan", ["plan", "-input=false", "-no-color", "-detailed-exitcode", "-out=tfplan"])]
+    out: List[Tuple[str, float]] = []
+    for name, args in steps:
+        t0 = time.monotonic()
+        p = subprocess.run(["terraform"] + args, cwd=root_dir, env=env, capture_output=True, text=True, check=False)
+        out.append((name, time.monotonic() - t0))
+        if name == "plan":
+            if p.returncode == 0:
+                return out                      # nothing to apply
+            if p.returncode != 2:
+                raise SystemExit("bare plan failed:\n" + p.stdout + p.stderr)
+        elif p.returncode != 0:
+            raise SystemExit("bare %s failed:\n%s%s" % (name, p.stdout, p.stderr))
+    t0 = time.monotonic()
+    p = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "-auto-approve", "tfplan"], cwd=root_dir,
+                       env=env, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise SystemExit("bare apply failed:\n" + p.stdout + p.stderr)
+    out.append(("apply", time.monotonic() - t0))
+    return out
+
+
+def slowest_tasks(out: str, n: int = 6) -> List[str]:
+    recap = out.split("TASKS RECAP", 1)[-1]
+    return [m.group(1).strip() + " " + m.group(2) for m in
+            re.finditer(r"^(.+?) -+ (\d+\.\d+s)$", recap, re.M)][:n]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keep", help="work in this directory and keep it (default: a temporary one, removed)")
+    args = ap.parse_args()
+    work = args.keep or tempfile.mkdtemp(prefix="csis-lifecycle-bench-")
+    os.makedirs(work, exist_ok=True)
+    la = local_aws.LocalAws(os.path.join(work, "aws"))
+    rec = la.start(prefer_port=None)
+    try:
+        la.seed()
+        ep_env = la.env(rec["url"])
+        root = e2e.make_ebs_tree(work, "bench-playbook")
+        overlays = [la.overlay_path, e2e.APPLY_ALL]
+        rows: List[Tuple[str, float, str]] = []
+
+        run = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "create.log"))
+        if run.rc != 0:
+            raise SystemExit("playbook run failed:\n" + run.tail())
+        rows.append(("playbook, create", run.seconds, "; ".join(slowest_tasks(run.out, 4))))
+
+        # the same rendered root, copied next to it (same depth: module sources resolve), own state key
+        src = os.path.join(root, EBS_ROOT)
+        dst = os.path.join(root, "generated", "storage", "aws-ebs", "bare-copy")
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".terraform", "tfplan*", "unmount-receipts"))
+        for f in os.listdir(dst):
+            if f.endswith(".tfbackend.hcl"):
+                path = os.path.join(dst, f)
+                text = open(path, encoding="utf-8").read().replace("statefiles/bench-playbook/", "statefiles/bench-bare/")
+                open(path, "w", encoding="utf-8").write(text)
+        tf_env = terraform_env(e2e.run_env(ep_env))
+        b = bare(dst, tf_env)
+        rows.append(("bare, create", sum(s for _, s in b), ", ".join("%s %.1fs" % x for x in b)))
+
+        run2 = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "noop.log"))
+        if run2.rc != 0:
+            raise SystemExit("playbook re-run failed:\n" + run2.tail())
+        rows.append(("playbook, no-op", run2.seconds, "; ".join(slowest_tasks(run2.out, 4))))
+        b2 = bare(dst, tf_env)
+        rows.append(("bare, no-op", sum(s for _, s in b2), ", ".join("%s %.1fs" % x for x in b2)))
+    finally:
+        la.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print("| run | wall (s) | where the time goes |")
+    print("|---|---:|---|")
+    for name, secs, note in rows:
+        print("| %s | %.1f | %s |" % (name, secs, note))
+    t = {name: secs for name, secs, _ in rows}
+    for kind in ("create", "no-op"):
+        over = t["playbook, %s" % kind] - t["bare, %s" % kind]
+        print("overhead (%s): %.1f s (%.1fx the bare terraform commands)"
+              % (kind, over, t["playbook, %s" % kind] / max(t["bare, %s" % kind], 1e-9)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: csis_state_lock
+short_description: Release an S3 state lock left by a killed run on this machine; refuse any other lock
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - For an initialised root whose backend is C(s3) with C(use_lockfile), reads the lock object
+    C(<key>.tflock) from the state bucket.
+  - No lock, or another backend, is a no-op.
+  - >-
+    A lock taken by this user on this machine (C(Who) is C(user@host)), while no C(terraform)/C(tofu)
+    process on this machine works on a root with the same bucket and key, was left by a killed run.
+    It is released with C(force-unlock -force <ID>) (terraform refuses when the lock changed meanwhile)
+    and the module reports C(changed).
+  - Any other lock (a live local run, another machine or user) fails with the lock's holder, time,
+    operation and ID, and the C(force-unlock) command to use once that run is known to be gone.
+options:
+  project_path:
+    description: The terraform root (after C(init)).
+    type: path
+    required: true
+  binary_path:
+    description: The terraform or tofu binary.
+    type: str
+    default: terraform
+  release:
+    description: Release a lock whose local holder is gone (V(false) only reports it and fails).
+    type: bool
+    default: true
+notes:
+  - Uses the controller's boto3 with the AWS credentials of the environment (as terraform does).
+  - In check mode nothing is released; a stale lock is reported as a change that would be made.
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+'''
+
+EXAMPLES = r'''
+- name: Release a state lock left by a killed run (before the plan)
+  csis.infra.csis_state_lock:
+    project_path: "{{ root_dir }}"
+    binary_path: terraform
+'''
+
+RETURN = r'''
+locked:
+  description: Whether the state was locked when the module looked.
+  returned: always
+  type: bool
+released:
+  description: Whether the module released the lock.
+  returned: always
+  type: bool
+lock:
+  description: The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
+  returned: always
+  type: dict
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.statelock import (
+    StateLockError, check_and_release,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            project_path=dict(type='path', required=True),
+            binary_path=dict(type='str', default='terraform'),
+            release=dict(type='bool', default=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        if module.check_mode:
+            try:
+                result = check_and_release(p['project_path'], p['binary_path'], release=False)
+            except StateLockError as exc:
+                if "holder on this machine is gone" in str(exc):
+                    module.exit_json(changed=True, locked=True, released=False, lock=None, msg=str(exc))
+                raise
+        else:
+            result = check_and_release(p['project_path'], p['binary_path'], release=p['release'])
+    except StateLockError as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    if result.get("released"):
+        module.warn(result["msg"])
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

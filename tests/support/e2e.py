@@ -1,0 +1,358 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Helpers for the end-to-end lifecycle tests, the AWX (ansible-runner) tests and the
+lifecycle-overhead benchmark.
+
+* :func:`copy_example_tree` copies ``examples/`` without what a run produces
+  (``generated/``, ``meta-state/``, ``state/``) and makes ``../tfmodules`` resolve.
+* :func:`make_ebs_tree` is the same tree cut down to ONE EBS volume and no instance,
+  with its own state key (so several trees share one moto server and state bucket).
+* :func:`run_playbook` / :func:`start_playbook` run ``ansible-playbook`` from the
+  repository root (so ``ansible.cfg`` applies) against a local endpoint.
+* :func:`meta_state_digest` hashes every meta-state file (byte-identity checks).
+* :func:`recap` parses the PLAY RECAP.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(REPO, "examples")
+TFMODULES = os.path.join(REPO, "tfmodules")
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+PLAYBOOK_BIN = os.path.join(VENV_BIN, "ansible-playbook")
+APPLY_ALL = "overlays/apply-all.yml"
+RUN_OUTPUTS = ("generated", "meta-state", "state")
+# environment a run must not inherit from the machine (or from a test that set it)
+_SCRUB = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+          "TF_CLI_ARGS", "TF_CLI_ARGS_plan", "TF_CLI_ARGS_apply", "TF_CLI_ARGS_init", "TF_LOG")
+
+
+def copy_example_tree(parent: str, name: str = "examples") -> str:
+    """``<parent>/<name>``: a copy of ``examples/`` as a user would start from it; returns the config root.
+
+    The example's ``module_source_base`` is ``../tfmodules``: ``<parent>/tfmodules``
+    becomes a symlink to the collection's modules.
+    """
+    dst = os.path.join(parent, name)
+    shutil.copytree(EXAMPLES, dst, ignore=lambda d, names: [n for n in names if d == EXAMPLES and n in RUN_OUTPUTS])
+    link = os.path.join(parent, "tfmodules")
+    if not os.path.lexists(link):
+        os.symlink(TFMODULES, link)
+    return dst
+
+
+def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int = 100) -> str:
+    """The example tree with only the EBS storage ``mnt_data`` (no instance, no EFS, no S3).
+
+    ``state_key`` replaces the S3 backend's key prefix (``statefiles/<state_key>``) so the
+    tree's roots never share state with another tree on the same endpoint.
+    """
+    root = copy_example_tree(parent, name)
+    write_yaml(os.path.join(root, "storages", "storage0.yaml"), {"storages": [
+        {"name": "mnt_data", "mount_point": "/mnt/data", "is_default": True, "groups": ["coops"],
+         "state": "active"},
+    ]})
+    write_yaml(os.path.join(root, "instances", "instances.yaml"), {"instances": []})
+    backends = os.path.join(root, "cfg", "state-backends.yml")
+    text = open(backends, encoding="utf-8").read()
+    text = text.replace("key: statefiles/csis-example", "key: statefiles/%s" % state_key)
+    open(backends, "w", encoding="utf-8").write(text)
+    builders = os.path.join(root, "cfg", "storage-builders.yml")
+    text = open(builders, encoding="utf-8").read()
+    text = re.sub(r"(\n    size: )100\n", r"\g<1>%d\n" % size, text)
+    open(builders, "w", encoding="utf-8").write(text)
+    return root
+
+
+def write_yaml(path: str, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+
+
+def read_yaml(path: str) -> Any:
+    with open(path, "r", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def set_storage_builder_size(config_root: str, builder: str, size: int) -> None:
+    path = os.path.join(config_root, "cfg", "storage-builders.yml")
+    doc = read_yaml(path)
+    for b in doc["storage_builders"]:
+        if b["name"] == builder:
+            b["size"] = size
+    write_yaml(path, doc)
+
+
+# ------------------------------------------------------------------ meta-state
+def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[str, str]:
+    """{relative path: sha256} of every meta-state file (the ``.lock`` file excluded:
+    it holds no record, only the last lock holder's description)."""
+    out: Dict[str, str] = {}
+    dirs = ["meta-state"] + (["state"] if with_state_dir else [])
+    for d in dirs:
+        base = os.path.join(config_root, d)
+        if not os.path.isdir(base):
+            continue
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                if f == ".lock":
+                    continue
+                p = os.path.join(dirpath, f)
+                with open(p, "rb") as fh:
+                    out[os.path.relpath(p, config_root)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def meta(config_root: str, name: str) -> Dict[str, Any]:
+    path = os.path.join(config_root, "meta-state", name)
+    if not os.path.exists(path):
+        return {}
+    return read_yaml(path) or {}
+
+
+# ------------------------------------------------------------------ ansible-playbook
+def run_env(endpoint_env: Mapping[str, str], extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env.update(endpoint_env)
+    env.update({"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1",
+                "PATH": VENV_BIN + os.pathsep + env.get("PATH", "")})
+    env.update(extra or {})
+    return env
+
+
+def playbook_argv(playbook: str, config_root: str, overlays: Sequence[str] = (), dry_run: Optional[bool] = False,
+                  auto_approve: bool = True, extra_vars: Optional[Mapping[str, Any]] = None,
+                  args: Sequence[str] = ()) -> List[str]:
+    ev: Dict[str, Any] = {"csis_config_root": config_root, "csis_overlays": list(overlays)}
+    if dry_run is not None:  # None: the playbooks' default (a dry run)
+        ev["csis_dry_run"] = dry_run
+    if auto_approve:
+        ev["csis_auto_approve"] = True
+    ev.update(extra_vars or {})
+    path = playbook if os.path.isabs(playbook) else os.path.join(REPO, "playbooks", playbook)
+    return [PLAYBOOK_BIN, path, "-e", json.dumps(ev)] + list(args)
+
+
+class Run:
+    def __init__(self, argv: List[str], rc: int, out: str, seconds: float):
+        self.argv, self.rc, self.out, self.seconds = argv, rc, out, seconds
+
+    def __repr__(self) -> str:
+        return "<Run rc=%d %.0fs>" % (self.rc, self.seconds)
+
+    def tail(self, n: int = 120) -> str:
+        return "\n".join(self.out.splitlines()[-n:])
+
+
+def run_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str], *,
+                 overlays: Sequence[str] = (), dry_run: Optional[bool] = False, auto_approve: bool = True,
+                 extra_vars: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
+                 args: Sequence[str] = (), timeout: float = 1800, log: Optional[str] = None) -> Run:
+    """Run one playbook to the end (stdin is not a terminal); returns rc, output and duration."""
+    argv = playbook_argv(playbook, config_root, overlays, dry_run, auto_approve, extra_vars, args)
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=run_env(endpoint_env, env), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    out = proc.stdout.decode("utf-8", "replace")
+    if log:
+        with open(log, "w", encoding="utf-8") as fh:
+            fh.write(out)
+    return Run(argv, proc.returncode, out, time.monotonic() - t0)
+
+
+def start_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str], log: str, *,
+                   overlays: Sequence[str] = (), extra_vars: Optional[Mapping[str, Any]] = None,
+                   env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
+    """Start a run in its own process group (so the whole run can be killed at once)."""
+    argv = playbook_argv(playbook, config_root, overlays, False, True, extra_vars)
+    fh = open(log, "wb")
+    return subprocess.Popen(argv, cwd=REPO, env=run_env(endpoint_env, env), stdin=subprocess.DEVNULL,
+                            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _proc_table() -> Dict[int, Dict[str, Any]]:
+    table: Dict[int, Dict[str, Any]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid, "r", encoding="utf-8", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+            cwd = os.readlink("/proc/%s/cwd" % pid)
+        except (OSError, IndexError, ValueError):
+            continue
+        table[int(pid)] = {"pid": int(pid), "ppid": int(fields[1]), "argv": argv, "cwd": cwd}
+    return table
+
+
+def tree_processes(root_pid: int) -> List[Dict[str, Any]]:
+    """The live processes descending from ``root_pid`` (itself included).
+
+    A whole tree, not a process group: ansible's local connection starts each module in
+    a new session, so terraform does not share ansible-playbook's process group."""
+    table = _proc_table()
+    keep = {root_pid} if root_pid in table else set()
+    grew = True
+    while grew:
+        grew = False
+        for pid, p in table.items():
+            if pid not in keep and p["ppid"] in keep:
+                keep.add(pid)
+                grew = True
+    return [table[p] for p in sorted(keep)]
+
+
+def kill_tree(root_pid: int) -> List[Dict[str, Any]]:
+    """SIGSTOP then SIGKILL every process of the tree (stopped first so none can fork or re-parent away)."""
+    procs = tree_processes(root_pid)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in procs:
+            try:
+                os.kill(p["pid"], sig)
+            except OSError:
+                pass
+        if sig == signal.SIGSTOP:
+            procs = tree_processes(root_pid) or procs
+    return procs
+
+
+def kill_tree_when(proc: subprocess.Popen, predicate, timeout: float = 1200,
+                   poll: float = 0.2) -> Optional[Dict[str, Any]]:
+    """SIGKILL the whole run (``proc`` and every descendant) as soon as one of its processes
+    satisfies ``predicate``. Returns the matching process, or None if the run ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        for p in tree_processes(proc.pid):
+            if predicate(p):
+                kill_tree(proc.pid)
+                proc.wait()
+                return p
+        time.sleep(poll)
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+        proc.wait()
+    return None
+
+
+def is_terraform_apply(p: Mapping[str, Any]) -> bool:
+    argv = p["argv"]
+    return bool(argv) and os.path.basename(argv[0]) in ("terraform", "tofu") and "apply" in argv[1:3]
+
+
+_RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
+                    r"skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
+
+
+def recap(out: str) -> Dict[str, Dict[str, int]]:
+    """{host: {ok, changed, unreachable, failed, skipped, rescued, ignored}} summed over every PLAY RECAP."""
+    res: Dict[str, Dict[str, int]] = {}
+    for m in _RECAP.finditer(out):
+        keys = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")
+        cur = res.setdefault(m.group(1), {k: 0 for k in keys})
+        for k, v in zip(keys, m.groups()[1:]):
+            cur[k] += int(v)
+    return res
+
+
+def plan_summaries(out: str) -> Dict[str, str]:
+    """{root key: 'Plan: ...'} from the role's 'Plan summary' messages."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"msg: '?([\w.-]+): (Plan: [^'\n]*)", out)}
+
+
+def changed_tasks(out: str) -> List[str]:
+    """'TASK name -> host' for every task that reported changed."""
+    found, task = [], None
+    for line in out.splitlines():
+        m = re.match(r"^TASK \[(.*)\] \*+", line)
+        if m:
+            task = m.group(1)
+        m = re.match(r"^changed: \[([^\]]+)\]", line)
+        if m and task:
+            found.append("%s -> %s" % (task, m.group(1)))
+    return found
+
+
+def tf_state_pull(root_dir: str, endpoint_env: Mapping[str, str]) -> Dict[str, Any]:
+    """``terraform state pull`` of a rendered root (already initialised by a run)."""
+    import sys
+    sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
+    from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env
+    res = subprocess.run(["terraform", "state", "pull"], cwd=root_dir, env=terraform_env(run_env(endpoint_env)),
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout or "{}")
+
+
+def state_ids(state: Mapping[str, Any], rtype: str) -> List[str]:
+    return [i["attributes"]["id"] for r in state.get("resources") or [] if r.get("type") == rtype
+            and r.get("mode") == "managed" for i in r.get("instances") or []]
+
+
+def run_playbook_at_prompt(playbook: str, config_root: str, endpoint_env: Mapping[str, str], at_prompt,
+                           answer: str = "yes", *, overlays: Sequence[str] = (),
+                           extra_vars: Optional[Mapping[str, Any]] = None, timeout: float = 1800,
+                           prompt: str = "Type 'yes' to apply them", log: Optional[str] = None) -> Run:
+    """Run a playbook WITHOUT csis_auto_approve on a pseudo-terminal (as an operator would):
+    when the approval prompt shows, call ``at_prompt()`` (e.g. turn an apply flag off), then
+    type ``answer``. The approval is the pause between the gate and csis_apply_check."""
+    import pty
+    import select
+    import termios  # noqa: F401  (POSIX only)
+
+    argv = playbook_argv(playbook, config_root, overlays, False, False, extra_vars)
+    master, slave = pty.openpty()
+
+    def _ctty() -> None:
+        os.setsid()
+        import fcntl
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=REPO, env=run_env(endpoint_env, {"TERM": "dumb"}), stdin=slave,
+                            stdout=slave, stderr=slave, preexec_fn=_ctty, close_fds=True)
+    os.close(slave)
+    buf = b""
+    answered = False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                buf += chunk
+                if not answered and prompt.encode() in buf:
+                    answered = True
+                    at_prompt()
+                    os.write(master, answer.encode() + b"\r")
+            elif proc.poll() is not None:
+                break
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        rc = proc.wait()
+        os.close(master)
+    out = buf.decode("utf-8", "replace").replace("\r\n", "\n")
+    if log:
+        with open(log, "w", encoding="utf-8") as fh:
+            fh.write(out)
+    return Run(argv, rc, out, time.monotonic() - t0)

@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""csis_state_lock's decisions (the S3 read and the force-unlock are stubbed; the real
+path runs in tests/integration/test_lifecycle_e2e.py::test_killed_apply_then_rerun_converges)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import statelock as sl
+
+
+def _root(tmp_path, backend_type="s3", use_lockfile=True, workspace=None):
+    d = tmp_path / "root"
+    (d / ".terraform").mkdir(parents=True)
+    (d / ".terraform" / "terraform.tfstate").write_text(json.dumps({"backend": {"type": backend_type, "config": {
+        "bucket": "b", "key": "statefiles/x/aws_ebs.tfstate", "use_lockfile": use_lockfile, "region": "us-east-2"}}}))
+    if workspace:
+        (d / ".terraform" / "environment").write_text(workspace)
+    return str(d)
+
+
+def test_lock_key(tmp_path):
+    assert sl.lock_key(sl.backend_of(_root(tmp_path))) == ("b", "statefiles/x/aws_ebs.tfstate.tflock")
+
+
+def test_lock_key_of_a_workspace(tmp_path):
+    assert sl.lock_key(sl.backend_of(_root(tmp_path, workspace="blue"))) == \
+        ("b", "env:/blue/statefiles/x/aws_ebs.tfstate.tflock")
+
+
+def test_no_lockfile_or_no_init_is_a_no_op(tmp_path):
+    assert sl.check_and_release(_root(tmp_path, use_lockfile=False))["locked"] is False
+    assert sl.check_and_release(str(tmp_path / "nowhere"))["locked"] is False
+
+
+@pytest.fixture
+def locked(monkeypatch):
+    info = {"ID": "abc-123", "Operation": "OperationTypeApply", "Who": sl.local_who(),
+            "Created": "2026-01-01T00:00:00Z", "Path": "b/statefiles/x/aws_ebs.tfstate"}
+    monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+    monkeypatch.setattr(sl.subprocess, "run", fake_run)
+    return info, calls
+
+
+def test_a_dead_local_holder_is_released(tmp_path, monkeypatch, locked):
+    info, calls = locked
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [])
+    res = sl.check_and_release(_root(tmp_path))
+    assert res["released"] and res["changed"]
+    assert calls == [["terraform", "force-unlock", "-force", "-no-color", "abc-123"]]
+    assert "its holder on this machine is gone" in res["msg"]
+
+
+def test_a_live_local_holder_is_left_alone(tmp_path, monkeypatch, locked):
+    _info, calls = locked
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [{"pid": 42, "argv": ["terraform", "apply"], "cwd": "/r"}])
+    with pytest.raises(sl.StateLockError, match="held by a live process on this machine: 42"):
+        sl.check_and_release(_root(tmp_path))
+    assert calls == []
+
+
+def test_another_machines_lock_is_refused_with_the_procedure(tmp_path, monkeypatch, locked):
+    info, calls = locked
+    info["Who"] = "someone@elsewhere"
+    monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(_root(tmp_path))
+    assert "someone@elsewhere" in str(exc.value) and "force-unlock abc-123" in str(exc.value)
+    assert calls == []
+
+
+def test_live_holders_matches_the_same_state_only(tmp_path, monkeypatch):
+    root = _root(tmp_path)
+    other = tmp_path / "other"
+    (other / ".terraform").mkdir(parents=True)
+    (other / ".terraform" / "terraform.tfstate").write_text(json.dumps({"backend": {"type": "s3", "config": {
+        "bucket": "b", "key": "statefiles/x/aws_efs.tfstate", "use_lockfile": True}}}))
+    assert sl._same_state(sl.backend_of(root), sl.backend_of(root))
+    assert not sl._same_state(sl.backend_of(root), sl.backend_of(str(other)))
+    assert os.getpid()  # live_holders scans /proc: no terraform of ours runs on this state
+    assert sl.live_holders(sl.backend_of(root)) == []
+
+
+def test_live_holders_finds_a_terraform_process_on_the_same_state(tmp_path):
+    root = _root(tmp_path)
+    fake = tmp_path / "bin" / "terraform"
+    fake.parent.mkdir()
+    fake.symlink_to("/bin/sleep")     # argv[0] is .../terraform
+    proc = subprocess.Popen([str(fake), "30"], cwd=root)
+    try:
+        import time
+        for _ in range(50):
+            found = sl.live_holders(sl.backend_of(root))
+            if found:
+                break
+            time.sleep(0.05)
+        assert [p["pid"] for p in found] == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
