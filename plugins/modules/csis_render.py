@@ -65,6 +65,14 @@ options:
     description: How many roots are prepared in parallel.
     type: int
     default: 4
+  series_heads:
+    description:
+      - Series heads resolved by M(csis.infra.csis_series_heads) (C(<image>@<runtime>) to
+        C({ami_id, ...})). A C(follow) instance pinned to another build is replaced onto its
+        head; an explicit upgrade without a target goes to the head. Empty (the default)
+        means only an image's declared C(ami_id) counts as its head, and nothing is looked up.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -149,6 +157,7 @@ def main():
             undeclare=dict(type="list", elements="str", default=[]),
             prepare=dict(type="bool", default=True),
             workers=dict(type="int", default=4),
+            series_heads=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
@@ -156,7 +165,8 @@ def main():
     try:
         out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
                      apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
-                     check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"])
+                     check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"],
+                     series_heads=p["series_heads"])
     except ConfigError as exc:
         problems = [str(x) for x in exc.problems]
         module.fail_json(msg="%d problem(s) in %s; nothing was written:\n%s"

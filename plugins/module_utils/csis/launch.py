@@ -46,13 +46,25 @@ def pending_replacement(meta: Mapping[str, Any], name: str) -> bool:
     return name in ((meta.get("pins.yaml") or {}).get("pending_replacements") or {})
 
 
-def follow_target(meta: Mapping[str, Any], inst: m.Instance, img: Optional[m.Image]) -> Optional[str]:
-    """The build a ``follow`` instance moves to: the image's declared ``ami_id`` (the series
-    head) when the instance is pinned to another build; None when nothing moves."""
-    if inst.image_policy != "follow" or img is None or not img.ami_id:
+def pending_target(meta: Mapping[str, Any], name: str) -> Optional[str]:
+    """The build an explicit upgrade asked for (``to`` of the pending marker), if any."""
+    entry = ((meta.get("pins.yaml") or {}).get("pending_replacements") or {}).get(name)
+    to = entry.get("to") if isinstance(entry, dict) else entry
+    return to if isinstance(to, str) and to.startswith("ami-") else None
+
+
+def follow_target(meta: Mapping[str, Any], inst: m.Instance, img: Optional[m.Image],
+                  head: Optional[str] = None) -> Optional[str]:
+    """The build a ``follow`` instance moves to: the image's series head (``head``, resolved
+    from the runtime by csis_series_heads; else the image's declared ``ami_id``) when the
+    instance is pinned to another build; None when nothing moves. ``pinned`` never moves."""
+    if inst.image_policy != "follow" or img is None:
+        return None
+    target = head or img.ami_id
+    if not target:
         return None
     pin = pinned_build(meta, inst.name)
-    return img.ami_id if pin and pin != img.ami_id else None
+    return target if pin and pin != target else None
 
 
 def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,

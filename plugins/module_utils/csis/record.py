@@ -128,6 +128,10 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
                 req = info.get("requested_state")
                 if req == "archived" and cur == "active" and (name, "snapshot") in done:
                     new, action = "archived", "snapshot"
+                elif req == "destroyed" and cur == "archived" and info.get("archive_snapshot"):
+                    # the volume went at the archive; destroyed once the snapshot is deleted
+                    if (name, "delete_archive_snapshot") in done:
+                        new, action = "destroyed", "delete_archive_snapshot"
                 elif req == "destroyed" and cur in ("active", "archived"):
                     new = "destroyed"
                     action = "wipe" if (name, "empty_bucket") in done else None
@@ -272,3 +276,57 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
         return {"written": []}
     written = got.pop("_written", [])
     return {key: got, "written": written}
+
+
+# --------------------------------------------------------------------------- day-2 records
+VERIFICATIONS_MAX = 500
+
+
+def record_verification(config_root: str, verdict: Mapping[str, Any]) -> List[str]:
+    """Append a verification verdict to ``meta-state/verifications.yaml`` (the last 500 kept)."""
+    ms = MetaState(config_root)
+    with ms.transaction("csis verification of %s" % verdict.get("instance")) as txn:
+        data = txn.load("verifications.yaml")
+        data.setdefault("verifications", []).append(dict(verdict))
+        del data["verifications"][:-VERIFICATIONS_MAX]
+        txn.save("verifications.yaml", data)
+    return list(txn.written)
+
+
+def last_verification(meta: Mapping[str, Any], instance: str) -> Optional[Dict[str, Any]]:
+    for v in reversed((meta.get("verifications.yaml") or {}).get("verifications") or []):
+        if isinstance(v, dict) and v.get("instance") == instance:
+            return v
+    return None
+
+
+def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = None,
+                 requested_by: Optional[str] = None) -> Dict[str, Any]:
+    """Leave a pending replacement marker for a launched durable instance (``upgrade instance``).
+
+    The next instance-image run plans ``-replace`` for it, whitelists its instance and volume
+    attachments, and the record after the apply moves the pin and clears the marker.
+    """
+    ms = MetaState(config_root)
+    with ms.transaction("csis upgrade %s" % instance) as txn:
+        lps = txn.load("launch-params.yaml").get("instances") or {}
+        rec = lps.get(instance)
+        if not isinstance(rec, dict) or not rec.get("launched"):
+            raise RecordError("instance '%s' is not launched (meta-state/launch-params.yaml): nothing to upgrade; "
+                              "a new instance launches on the series head by itself" % instance)
+        if rec.get("ephemeral"):
+            raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
+        pins = txn.load("pins.yaml")
+        pending = pins.setdefault("pending_replacements", {})
+        entry = {"to": to, "from": (pins.get("instances") or {}).get(instance), "run": run, "at": now(),
+                 "requested_by": requested_by}
+        old = pending.get(instance)
+        if isinstance(old, dict) and {k: old.get(k) for k in ("to", "from")} == {k: entry[k] for k in ("to", "from")}:
+            return {"changed": False, "pending": old, "written": []}
+        pending[instance] = entry
+        pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": entry["from"], "to": to,
+                                                "op": "upgrade-requested", "run": run})
+        del pins["upgrades"][:-200]
+        txn.save("pins.yaml", pins)
+    return {"changed": True, "pending": entry, "written": list(txn.written)}
+

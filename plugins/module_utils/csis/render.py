@@ -18,7 +18,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from . import models as m
 from .flags import apply_flag_allows, narrow_by_apply_runtime
 from .hcl import Block, Raw, comment_lines, document, string
-from .launch import compute_launch_params, follow_target, pending_replacement, pinned_build, user_data_template
+from .launch import (MARKER, compute_launch_params, follow_target, pending_replacement, pending_target, pinned_build,
+                     user_data_template)
+from .images import head_ami
 from .loader import Tree
 
 LIFECYCLES = ("identity", "storage", "instance-image")
@@ -34,6 +36,9 @@ class RenderOptions:
     dry_run: bool = True
     only_runtime: Optional[str] = None
     apply_runtime: Optional[str] = None
+    #: ``{"<image>@<runtime>": {"ami_id", ...}}``: series heads resolved by csis_series_heads
+    #: (a network call kept out of validation); empty: only declared ``ami_id``s are heads
+    series_heads: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -330,7 +335,7 @@ class Renderer:
                 if restore:
                     plan.transitions_after.append({"storage": st.name, "action": "delete_archive_snapshot",
                                                    "from": "archived", "to": "active",
-                                                   "snapshot_name": info["archive_snapshot"]})
+                                                   "snapshot_name": info["archive_snapshot"], "tags": self.t.resource_tag()})
                 elif cur == "destroyed":
                     plan.transitions_after.append({"storage": st.name, "action": "record", "from": "destroyed",
                                                    "to": "active"})
@@ -373,12 +378,12 @@ class Renderer:
         addr = info["address"]
         if req == "archived" and cur == "active":
             plan.transitions_before.append({"storage": name, "action": "snapshot", "from": cur, "to": "archived",
-                                            "snapshot_name": info["archive_snapshot"], "address": addr})
+                                            "snapshot_name": info["archive_snapshot"], "tags": self.t.resource_tag(), "address": addr})
             plan.allow_destroy.append(addr)
         elif req == "destroyed":
             if cur == "archived" and kind["archive"]:
                 plan.transitions_after.append({"storage": name, "action": "delete_archive_snapshot", "from": cur,
-                                               "to": "destroyed", "snapshot_name": info["archive_snapshot"]})
+                                               "to": "destroyed", "snapshot_name": info["archive_snapshot"], "tags": self.t.resource_tag()})
                 return
             if kind["capability"] == "s3":
                 plan.transitions_before.append({"storage": name, "action": "empty_bucket", "from": cur,
@@ -473,14 +478,18 @@ class Renderer:
         variables: List[Block] = []
         for inst in declared:
             lab = m.label(inst.name)
-            follow_to = follow_target(self.meta, inst, self.t.image_of(inst))
-            replacing = pending_replacement(self.meta, inst.name) or bool(follow_to)
-            params = compute_launch_params(self.t, self.meta, inst, replacing=replacing)
             img = self.t.image_of(inst)
+            head = head_ami(self.o.series_heads, img.name, rt.name) if img else None
+            follow_to = follow_target(self.meta, inst, img, head)
+            upgrading = pending_replacement(self.meta, inst.name)
+            replacing = upgrading or bool(follow_to)
+            params = compute_launch_params(self.t, self.meta, inst, replacing=replacing)
             rec = launched.get(inst.name)
             info: Dict[str, Any] = {"label": lab, "address": "module.instance_%s" % lab, "launch_params": params,
                                     "launched": bool(rec), "ephemeral": inst.ephemeral,
                                     "image_policy": inst.image_policy}
+            if replacing and rec:
+                info["replacing"] = "upgrade" if upgrading else "follow"
             v = Block("variable", "%s_ami_id" % lab)
             v.attr("description", "AMI of instance %s when neither a pin nor a resolved image names one" % inst.name)
             v.attr("type", Raw("string"))
@@ -512,12 +521,18 @@ class Renderer:
             mod.attr("providers", Raw("{\n    aws = aws.%s\n  }" % alias))
             mod.attr("name", inst.name)
             pin = pinned_build(self.meta, inst.name)
+            upgrade_to = (pending_target(self.meta, inst.name) or head) if upgrading else None
+            ami: Optional[str] = None
             if follow_to:
-                mod.attr("ami_id", follow_to)
+                ami = follow_to
+            elif upgrade_to:
+                ami = upgrade_to
             elif pin and not replacing:
-                mod.attr("ami_id", pin)
+                ami = pin
             elif img and img.ami_id:
-                mod.attr("ami_id", img.ami_id)
+                ami = img.ami_id
+            if ami:
+                mod.attr("ami_id", ami)
             else:
                 mod.attr("ami_id", Raw("var.%s_ami_id" % lab))
                 if img and img.name_pattern:
@@ -570,6 +585,9 @@ class Renderer:
                                     "; ephemeral" if inst.ephemeral else ""))
             plan.files["%s-%s-instance-%s.tf" % (ib.name, phase, lab)] = document(HEADER, head, mod)
             plan.files[tpl] = user_data_template(params)
+            info["verify"] = self.verify_spec(inst, params, ami)
+            if inst.ephemeral:
+                info.update(self.ephemeral_policy(inst, rt, bool(rec)))
             plan.instances[inst.name] = info
         for name in gone:
             rec = launched[name]
@@ -631,6 +649,52 @@ class Renderer:
             plan.files[bf] = btxt
             plan.backend_file, plan.backend_type = bf, backend.type
         return plan
+
+    def verify_spec(self, inst: m.Instance, params: Mapping[str, Any], ami: Optional[str]) -> Dict[str, Any]:
+        """What csis_verify_instance checks on the machine, and what the booted image must be."""
+        img = self.t.image_of(inst)
+        mounts = []
+        for mnt in params.get("mounts") or []:
+            g = self.t.groups.get(mnt.get("group") or "")
+            mounts.append({"storage": mnt["storage"], "type": mnt["type"], "mount_point": mnt["mount_point"],
+                           "group": mnt.get("group"), "gid": g.gid if g is not None else None,
+                           "share_mode": mnt.get("share_mode")})
+        return {"marker": MARKER, "mounts": mounts, "tests": list(img.tests.post_bake) if img else [],
+                "expected_build": ami, "name_pattern": img.name_pattern if img else None}
+
+    def ephemeral_policy(self, inst: m.Instance, rt: m.RuntimeBuilder, standing: bool) -> Dict[str, Any]:
+        """on_failure / teardown_after (the instance's, else the runtime's), and whether a
+        standing machine whose failed verdict is older than teardown_after is torn down
+        without re-verifying."""
+        import datetime as _dt
+
+        on_failure = inst.on_failure or rt.on_failure or "keep"
+        after = inst.teardown_after or rt.teardown_after
+        out: Dict[str, Any] = {"on_failure": on_failure, "teardown_after": after, "skip_verify": False}
+        if not (standing and after):
+            return out
+        last = None
+        for v in reversed(self.records_list("verifications.yaml", "verifications")):
+            if isinstance(v, dict) and v.get("instance") == inst.name:
+                last = v
+                break
+        if not last or last.get("ok"):
+            return out
+        try:
+            t = _dt.datetime.fromisoformat(str(last.get("time")).replace("Z", "+00:00"))
+        except ValueError:
+            return out
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.timezone.utc)
+        age = (_dt.datetime.now(_dt.timezone.utc) - t).total_seconds()
+        if age >= m.parse_duration(after):
+            out["skip_verify"] = True
+            out["skip_reason"] = ("Ephemeral instance %s: teardown_after elapsed since its failed verification; "
+                                  "tearing down without re-verifying" % inst.name)
+        return out
+
+    def records_list(self, fname: str, top: str) -> List[Any]:
+        return list((self.meta.get(fname) or {}).get(top) or [])
 
     def roots(self, lifecycle: str) -> List[RootPlan]:
         if lifecycle == "identity":

@@ -40,9 +40,12 @@ def _volume_id(root: Mapping[str, Any], storage: str, state: Optional[Mapping[st
     return None
 
 
-def archive_snapshots(ec2: Any, name: str, storage: str) -> List[Dict[str, Any]]:
-    resp = ec2.describe_snapshots(OwnerIds=["self"], Filters=[{"Name": "tag:Name", "Values": [name]},
-                                                               {"Name": "tag:csis_storage", "Values": [storage]}])
+def archive_snapshots(ec2: Any, name: str, storage: str, tags: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
+    """The archive snapshots of ``storage``: its Name, its ``csis_storage`` tag and the tree's
+    own tags (``csis_config``), so another tree's archive of a same-named storage never counts."""
+    filters = [{"Name": "tag:Name", "Values": [name]}, {"Name": "tag:csis_storage", "Values": [storage]}]
+    filters += [{"Name": "tag:%s" % k, "Values": [v]} for k, v in sorted((tags or {}).items())]
+    resp = ec2.describe_snapshots(OwnerIds=["self"], Filters=filters)
     return resp.get("Snapshots") or []
 
 
@@ -51,7 +54,7 @@ def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], state: Optional[Mapp
     ec2 = aws_client("ec2", root["aws"])
     name = t["snapshot_name"]
     storage = t["storage"]
-    existing = archive_snapshots(ec2, name, storage)
+    existing = archive_snapshots(ec2, name, storage, t.get("tags"))
     if existing:
         snap = sorted(existing, key=lambda s: str(s.get("StartTime")))[-1]
         created = False
@@ -69,7 +72,8 @@ def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], state: Optional[Mapp
                                   "transition in the next; N21)" % (storage, vol, ", ".join(att)))
         snap = ec2.create_snapshot(VolumeId=vol, Description="csis.infra archive of storage %s" % storage,
                                    TagSpecifications=[{"ResourceType": "snapshot", "Tags": [
-                                       {"Key": "Name", "Value": name}, {"Key": "csis_storage", "Value": storage}]}])
+                                       {"Key": "Name", "Value": name}, {"Key": "csis_storage", "Value": storage}]
+                                       + [{"Key": k, "Value": v} for k, v in sorted((t.get("tags") or {}).items())]}])
         created = True
     sid = snap["SnapshotId"]
     deadline = time.time() + timeout
@@ -88,7 +92,7 @@ def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], state: Optional[Mapp
 def delete_archive_snapshot(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
     ec2 = aws_client("ec2", root["aws"])
     deleted = []
-    for s in archive_snapshots(ec2, t["snapshot_name"], t["storage"]):
+    for s in archive_snapshots(ec2, t["snapshot_name"], t["storage"], t.get("tags")):
         ec2.delete_snapshot(SnapshotId=s["SnapshotId"])
         deleted.append(s["SnapshotId"])
     return {"deleted": deleted}

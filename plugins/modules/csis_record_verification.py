@@ -1,0 +1,157 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_record_verification
+short_description: Check an instance's booted AMI from EC2 and record its verification verdict
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - Runs on the controller after M(csis.infra.csis_verify_instance) ran on the machine.
+    Reads the machine's booted AMI from EC2 by the instance id recorded in
+    C(meta-state/instance-state.yaml) (never by a C(Name) tag) and compares it with the
+    expected build (O(expected_build), else the pin in C(pins.yaml), else a self-owned AMI
+    whose name starts with O(name_pattern)).
+  - Joins the on-machine checks and the booted-image check into one verdict and appends it to
+    C(meta-state/verifications.yaml) (the last 500 are kept).
+  - >-
+    Does not fail on a failed verdict unless O(fail_on_failure); the verdict's C(message)
+    is the manual's C(instance <name> failed verification: <check>: <detail>).
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  instance:
+    description: The instance name.
+    type: str
+    required: true
+  on_machine:
+    description: The result of M(csis.infra.csis_verify_instance) (its C(checks) and C(evidence)).
+    type: dict
+  error:
+    description: Why the machine could not be checked (unreachable, module failure); recorded as a failed check.
+    type: str
+  aws:
+    description: How boto3 reaches the runtime (the rendered root's C(aws)).
+    type: dict
+    default: {}
+  runtime:
+    description: The runtime's name (recorded).
+    type: str
+  expected_build:
+    description: The AMI the machine must have booted; default its pin.
+    type: str
+  name_pattern:
+    description: The image's name pattern, for a machine with no expected build.
+    type: str
+  check_booted_image:
+    description: Whether to read the booted AMI from EC2.
+    type: bool
+    default: true
+  ephemeral:
+    description: Recorded with the verdict.
+    type: bool
+    default: false
+  run_id:
+    description: The run id.
+    type: str
+  record:
+    description: Append the verdict to verifications.yaml.
+    type: bool
+    default: true
+  fail_on_failure:
+    description: Fail the task when the verdict is a failure (after recording it).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    details: Reads EC2; records nothing.
+"""
+
+EXAMPLES = r"""
+- name: Record the verdict
+  csis.infra.csis_record_verification:
+    config_root: "{{ csis_root }}"
+    instance: test2
+    on_machine: "{{ verdict }}"
+    aws: "{{ root.aws }}"
+    runtime: "{{ root.runtime }}"
+    run_id: "{{ csis_run_id }}"
+"""
+
+RETURN = r"""
+verdict:
+  description: The recorded verdict C({instance, runtime, build, run, ephemeral, time, ok, checks, evidence}).
+  returned: success
+  type: dict
+ok:
+  description: Whether every check passed.
+  returned: success
+  type: bool
+message:
+  description: The failure line (empty when ok).
+  returned: success
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState, MetaStateError
+from ansible_collections.csis.infra.plugins.module_utils.csis.record import record_verification
+from ansible_collections.csis.infra.plugins.module_utils.csis.verify import booted_image_check, combine, failure_message
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config_root=dict(type="path", required=True),
+            instance=dict(type="str", required=True),
+            on_machine=dict(type="dict"),
+            error=dict(type="str"),
+            aws=dict(type="dict", default={}),
+            runtime=dict(type="str"),
+            expected_build=dict(type="str"),
+            name_pattern=dict(type="str"),
+            check_booted_image=dict(type="bool", default=True),
+            ephemeral=dict(type="bool", default=False),
+            run_id=dict(type="str"),
+            record=dict(type="bool", default=True),
+            fail_on_failure=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    ms = MetaState(p["config_root"])
+    try:
+        cur = ((ms.load("instance-state.yaml").get("instances") or {}).get(p["instance"]) or {}).get("current") or {}
+        pin = (ms.load("pins.yaml").get("instances") or {}).get(p["instance"])
+    except MetaStateError as exc:
+        module.fail_json(msg=str(exc))
+    expected = p["expected_build"] or pin
+    booted = None
+    if p["check_booted_image"]:
+        booted = booted_image_check(p["aws"], cur.get("instance_id"), expected, p["name_pattern"])
+    verdict = combine(p["instance"], p["on_machine"], booted, runtime=p["runtime"],
+                      build=expected or (booted or {}).get("booted"), run=p["run_id"], ephemeral=p["ephemeral"],
+                      error=p["error"])
+    written = []
+    if p["record"] and not module.check_mode:
+        try:
+            written = record_verification(p["config_root"], verdict)
+        except MetaStateError as exc:
+            module.fail_json(msg=str(exc), verdict=verdict)
+    message = "" if verdict["ok"] else failure_message(verdict)
+    if p["fail_on_failure"] and not verdict["ok"]:
+        module.fail_json(msg=message, verdict=verdict, ok=False, message=message, written=written)
+    module.exit_json(changed=bool(written), verdict=verdict, ok=verdict["ok"], message=message, written=written)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_series_heads
+short_description: Resolve the series heads of the images that follow instances run
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - For every image a C(image_policy=follow) instance runs (and the images of O(instances),
+    e.g. an explicit upgrade), the newest self-owned AMI whose name starts with the image's
+    C(name_pattern) on the instance's runtime (instances with a pending upgrade marker are included) (boto3 C(describe_images), C(Owners=[self]),
+    with the runtime's region, profile and endpoint).
+  - A network call, so it is its own step of the C(csis.infra.render) role; the result is
+    passed to M(csis.infra.csis_render) as C(series_heads). Validation never calls it.
+  - Makes no call when no instance follows and O(instances) is empty.
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  overlays:
+    description: Overlay files (relative to the configuration root).
+    type: list
+    elements: path
+    default: []
+  undeclare:
+    description: Instances treated as undeclared for the run.
+    type: list
+    elements: str
+    default: []
+  instances:
+    description: Also resolve the heads of these instances' images (whatever their policy).
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+    details: Read-only.
+"""
+
+EXAMPLES = r"""
+- name: Resolve the series heads
+  csis.infra.csis_series_heads:
+    config_root: "{{ csis_root }}"
+    overlays: "{{ csis_overlays }}"
+  register: heads
+"""
+
+RETURN = r"""
+series_heads:
+  description: C(<image>@<runtime>) to C({ami_id, name, creation_date}).
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.images import series_heads, wanted_series
+from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError, load_tree
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState, MetaStateError
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config_root=dict(type="path", required=True),
+            overlays=dict(type="list", elements="path", default=[]),
+            undeclare=dict(type="list", elements="str", default=[]),
+            instances=dict(type="list", elements="str", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        tree = load_tree(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
+    except ConfigError as exc:
+        module.fail_json(msg="the configuration does not load (run playbooks/validate.yml):\n%s"
+                         % "\n".join(str(x) for x in exc.problems))
+    try:
+        pending = sorted(MetaState(tree.root).load("pins.yaml").get("pending_replacements") or {})
+    except MetaStateError as exc:
+        module.fail_json(msg=str(exc))
+    wanted = list(p["instances"]) + pending
+    if not wanted_series(tree, wanted):
+        module.exit_json(changed=False, series_heads={})
+    try:
+        heads = series_heads(tree, wanted)
+    except Exception as exc:  # botocore: endpoint, credentials
+        module.fail_json(msg="series heads: describe_images failed: %s" % exc)
+    module.exit_json(changed=False, series_heads=heads)
+
+
+if __name__ == "__main__":
+    main()

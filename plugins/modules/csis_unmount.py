@@ -1,0 +1,153 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_unmount
+short_description: Unmount a detached storage from a launched instance and write the unmount receipt
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - Runs the unmount of O(mount_point) on the machine over the runtime's session mechanism
+    (SSM C(AWS-RunShellScript) through boto3, with the runtime's region, profile and endpoint),
+    addressing the machine by the instance id recorded in C(meta-state/instance-state.yaml),
+    never by a C(Name) tag.
+  - The unmount is not forceful unless O(force) is set; a busy mount fails with the processes
+    holding it, and nothing is planned.
+  - >-
+    Writes C(<receipts_dir>/<instance>__<storage>.json) atomically with C(instance), C(storage),
+    C(ok), C(time), C(mount_point), C(method), C(runtime), C(exit_status), C(output).
+    M(csis.infra.csis_gate_plan) admits the attachment's destroy only with C(ok=true) and a
+    C(time) after the plan binding was opened.
+  - With O(confirm) the operator's word is recorded (C(method=operator-confirmation)) without
+    any remote call, for a machine that is gone or a storage that was never mounted.
+options:
+  config_root:
+    description: The configuration root (its meta-state holds the instance id).
+    type: path
+    required: true
+  instance:
+    description: The instance name.
+    type: str
+    required: true
+  storage:
+    description: The storage name.
+    type: str
+    required: true
+  mount_point:
+    description: The mount point recorded in the launch parameters.
+    type: str
+    required: true
+  receipts_dir:
+    description: "Where the receipt is written (the root's C(unmount-receipts/))."
+    type: path
+    required: true
+  aws:
+    description:
+      - How boto3 reaches the runtime (C(region), C(profile), C(endpoints), C(session_mechanism)),
+        the C(aws) entry of a rendered root. Credentials come from the environment.
+    type: dict
+    default: {}
+  runtime:
+    description: The runtime's name, recorded in the receipt.
+    type: str
+  confirm:
+    description: Record the operator's confirmation instead of unmounting.
+    type: bool
+    default: false
+  confirmed_by:
+    description: Who confirms (default C($USER)).
+    type: str
+  force:
+    description: Kill the processes holding the mount (C(fuser -km)) before unmounting.
+    type: bool
+    default: false
+  timeout:
+    description: Seconds the session command may run.
+    type: int
+    default: 300
+  run_id:
+    description: The run id, recorded in the receipt.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: Reports what it would do; runs nothing remotely and writes no receipt.
+notes:
+  - The local AWS endpoint (moto) answers C(send_command) with C(Success) without running
+    anything; tests prove the receipt path with it and with O(confirm).
+"""
+
+EXAMPLES = r"""
+- name: Unmount mnt_data from test2 before its attachment is destroyed
+  csis.infra.csis_unmount:
+    config_root: "{{ csis_root }}"
+    instance: test2
+    storage: mnt_data
+    mount_point: /mnt/data
+    receipts_dir: "{{ root.directory }}/unmount-receipts"
+    aws: "{{ root.aws }}"
+    runtime: "{{ root.runtime }}"
+
+- name: The machine is gone; record the operator's word
+  csis.infra.csis_unmount:
+    config_root: "{{ csis_root }}"
+    instance: test2
+    storage: mnt_data
+    mount_point: /mnt/data
+    receipts_dir: "{{ root.directory }}/unmount-receipts"
+    confirm: true
+"""
+
+RETURN = r"""
+receipt:
+  description: The receipt written (with its C(path)).
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.unmount import UnmountError, receipt_path, unmount
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config_root=dict(type="path", required=True),
+            instance=dict(type="str", required=True),
+            storage=dict(type="str", required=True),
+            mount_point=dict(type="str", required=True),
+            receipts_dir=dict(type="path", required=True),
+            aws=dict(type="dict", default={}),
+            runtime=dict(type="str"),
+            confirm=dict(type="bool", default=False),
+            confirmed_by=dict(type="str"),
+            force=dict(type="bool", default=False),
+            timeout=dict(type="int", default=300),
+            run_id=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        try:
+            path = receipt_path(p["receipts_dir"], p["instance"], p["storage"])
+        except UnmountError as exc:
+            module.fail_json(msg=str(exc))
+        module.exit_json(changed=True, receipt={"path": path, "would": "confirm" if p["confirm"] else "session"})
+    try:
+        receipt = unmount(p["config_root"], p["instance"], p["storage"], p["mount_point"], p["receipts_dir"],
+                          access=p["aws"], runtime=p["runtime"], confirm=p["confirm"], confirmed_by=p["confirmed_by"],
+                          force=p["force"], timeout=p["timeout"], run_id=p["run_id"])
+    except UnmountError as exc:
+        module.fail_json(msg="unmount: %s" % exc)
+    module.exit_json(changed=True, receipt=receipt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_upgrade
+short_description: Leave a pending replacement marker for a launched instance (upgrade instance)
+version_added: 0.1.0
+author:
+  - csis.infra maintainers
+description:
+  - Records C(pending_replacements.<instance>) in C(meta-state/pins.yaml). The next
+    instance-image run treats the instance like a C(follow) target - it plans
+    C(-replace=module.instance_<label>.aws_instance.this), whitelists the instance and its volume
+    attachments, launches the next generation (C(<name>-NNN) advances) - and the record made
+    after that apply moves the pin to what booted and clears the marker.
+  - Only a launched, durable instance can be upgraded. Nothing is planned or applied here.
+options:
+  config_root:
+    description: The configuration root.
+    type: path
+    required: true
+  instance:
+    description: The instance name.
+    type: str
+    required: true
+  to:
+    description: The build (AMI id) to move to; default the image's series head at the next run.
+    type: str
+  run_id:
+    description: The run id recorded with the marker.
+    type: str
+    required: true
+  requested_by:
+    description: Who asked (recorded).
+    type: str
+attributes:
+  check_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Upgrade test2 at the next instance-image run
+  csis.infra.csis_upgrade:
+    config_root: "{{ csis_root }}"
+    instance: test2
+    run_id: "{{ csis_run_id }}"
+"""
+
+RETURN = r"""
+pending:
+  description: The marker recorded.
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaStateError
+from ansible_collections.csis.infra.plugins.module_utils.csis.record import RecordError, mark_upgrade
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config_root=dict(type="path", required=True),
+            instance=dict(type="str", required=True),
+            to=dict(type="str"),
+            run_id=dict(type="str", required=True),
+            requested_by=dict(type="str"),
+        ),
+        supports_check_mode=False,
+    )
+    p = module.params
+    if p["to"] and not (p["to"].startswith("ami-") and p["to"][4:].isalnum()):
+        module.fail_json(msg="to %r is not an AMI id" % p["to"])
+    try:
+        out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"])
+    except (RecordError, MetaStateError) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=out["changed"], pending=out["pending"], written=out["written"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Instance day-2 operations end to end (real terraform, the session's moto server, real
+ansible-playbook), on one tree applied once by the fixture; the tests run in order:
+
+* follow: a newer AMI matching the image's name pattern makes the next run replace the
+  ``follow`` instance (``-replace``, its volume attachment whitelisted), move its pin and
+  advance its hostname generation; the ``pinned`` instance stays;
+* an explicit upgrade (``playbooks/upgrade_instance.yml -e instance=<name>``) does the same;
+* detach: refused by the gate without an unmount receipt (``DETACH NOT UNMOUNTED``), admitted
+  with the unmount step. The unmount goes over SSM to moto, whose ``send_command`` answers
+  ``Success`` without running anything: this proves the session path and the receipt, not
+  a real unmount (the ``confirm`` path is covered in tests/unit/test_day2_unmount.py);
+* decommission: both instances undeclared for one run -> an instance-less root whose plan is
+  exactly the pending destroys, whitelisted; the records are forgotten after the apply.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from day2_trees import Runner, make_tree, meta, meta_bytes, register_ami, tail, text, write_yaml
+
+pytestmark = pytest.mark.integration
+
+TAG = "csis-h8-inst"
+DASK = "h8inst-dask-pckr"
+BASIC = "h8inst-basic-pckr"
+RT = "aws-east2-runtime"
+
+
+def images():
+    return [
+        {"name": "imgfile-basic-dask", "group": "coops", "name_pattern": DASK, "storage_types": ["ebs", "efs", "s3"],
+         "runtimes": [RT], "tests": {"post_bake": ["test -x /usr/bin/env"]}},
+        {"name": "imgfile-basic", "group": "stofs", "name_pattern": BASIC, "storage_types": ["efs", "s3"],
+         "runtimes": [RT]},
+    ]
+
+
+def instances(mount: bool = True):
+    test2 = {"name": "test2", "image": "imgfile-basic-dask", "image_policy": "follow", "tags": {"hype": "test"}}
+    if mount:
+        test2["storages"] = [{"name": "mnt_data", "mount_point": "/mnt/data"}]
+    return [test2, {"name": "test", "image": "imgfile-basic"}]
+
+
+STORAGES = [{"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"], "state": "active"}]
+
+
+def ec2_instance(t, iid):
+    r = t.moto.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"]
+    return r[0]["Instances"][0]
+
+
+def current(t, name):
+    return meta(t.root, "instance-state.yaml")["instances"][name]["current"]
+
+
+def plans(res):
+    return re.findall(r"(instance-image-open-tofu): Plan: (\d+) to add, (\d+) to change, (\d+) to destroy", text(res))
+
+
+@pytest.fixture(scope="module")
+def tree(moto_endpoint, tmp_path_factory):
+    t_amis = {"dask1": register_ami(moto_endpoint, DASK + "-1"), "basic1": register_ami(moto_endpoint, BASIC + "-1")}
+    root = make_tree(str(tmp_path_factory.mktemp("day2-instances")), TAG, STORAGES, instances(), images=images())
+    t = Runner(root, moto_endpoint)
+    t.amis = t_amis
+    res = t.play("site.yml")
+    assert res.returncode == 0, tail(res)
+    pins = meta(root, "pins.yaml")["instances"]
+    assert pins == {"test2": t_amis["dask1"], "test": t_amis["basic1"]}
+    lp = meta(root, "launch-params.yaml")["instances"]
+    assert lp["test2"]["hostname"] == "test2-001" and lp["test"]["hostname"] == "test-001"
+    return t
+
+
+def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
+    old2, old1 = current(tree, "test2")["instance_id"], current(tree, "test")["instance_id"]
+    tree.amis["dask2"] = register_ami(tree.moto, DASK + "-2")
+    tree.amis["basic2"] = register_ami(tree.moto, BASIC + "-2")
+    before = meta_bytes(tree.root)
+    dry = tree.play("instance_image.yml", real=False)
+    assert dry.returncode == 0, tail(dry)
+    assert meta_bytes(tree.root) == before
+    res = tree.play("instance_image.yml")
+    assert res.returncode == 0, tail(res)
+    out = text(res)
+    assert "replacing module.instance_test2.aws_instance.this" in out
+    assert "module.instance_test2.aws_volume_attachment.this" in out  # whitelisted by the replacement
+    cur2 = current(tree, "test2")
+    assert cur2["instance_id"] != old2 and cur2["number"] == 2 and cur2["ami_id"] == tree.amis["dask2"]
+    assert ec2_instance(tree, cur2["instance_id"])["ImageId"] == tree.amis["dask2"]
+    assert ec2_instance(tree, old2)["State"]["Name"] in ("terminated", "shutting-down")
+    pins = meta(tree.root, "pins.yaml")
+    assert pins["instances"]["test2"] == tree.amis["dask2"]
+    assert pins["upgrades"][-1]["op"] == "follow" and pins["upgrades"][-1]["name"] == "test2"
+    lp = meta(tree.root, "launch-params.yaml")["instances"]
+    assert lp["test2"]["hostname"] == "test2-002" and lp["test2"]["build"] == tree.amis["dask2"]
+    hist = meta(tree.root, "instance-state.yaml")["instances"]["test2"]["history"]
+    assert hist[-1]["why"] == "replaced" and hist[-1]["instance_id"] == old2
+    # the new machine wears the volume
+    vid = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    vol = tree.moto.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
+    assert [a["InstanceId"] for a in vol["Attachments"]] == [cur2["instance_id"]]
+    # pinned: untouched although a newer head exists
+    assert current(tree, "test")["instance_id"] == old1 and pins["instances"]["test"] == tree.amis["basic1"]
+    assert lp["test"]["hostname"] == "test-001"
+
+
+def test_an_explicit_upgrade_replaces_a_pinned_instance(tree):
+    old = current(tree, "test")["instance_id"]
+    res = tree.play("upgrade_instance.yml", instance="test")
+    assert res.returncode == 0, tail(res)
+    assert "replacing module.instance_test.aws_instance.this" in text(res)
+    cur = current(tree, "test")
+    assert cur["instance_id"] != old and cur["number"] == 2 and cur["ami_id"] == tree.amis["basic2"]
+    pins = meta(tree.root, "pins.yaml")
+    assert pins["instances"]["test"] == tree.amis["basic2"] and pins["pending_replacements"] == {}
+    assert meta(tree.root, "launch-params.yaml")["instances"]["test"]["hostname"] == "test-002"
+    # and the follow instance did not move again
+    assert current(tree, "test2")["number"] == 2
+
+
+def test_a_detach_without_unmount_receipt_is_refused(tree):
+    write_yaml(tree.root, "instances/instances.yaml", {"instances": instances(mount=False)})
+    before = meta_bytes(tree.root)
+    res = tree.play("instance_image.yml", csis_unmount_mode="skip")
+    assert res.returncode != 0
+    assert "DETACH NOT UNMOUNTED: test2:mnt_data has no successful unmount receipt" in text(res)
+    assert meta_bytes(tree.root) == before
+    vid = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    vol = tree.moto.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
+    assert len(vol["Attachments"]) == 1
+
+
+def test_a_detach_with_the_unmount_step_is_admitted(tree):
+    res = tree.play("instance_image.yml")
+    assert res.returncode == 0, tail(res)
+    d = os.path.join(tree.root, "generated/instance-image/open-tofu/instance-generation/unmount-receipts")
+    with open(os.path.join(d, "test2__mnt_data.json"), encoding="utf-8") as fh:
+        receipt = json.load(fh)
+    assert receipt["ok"] is True and receipt["method"] == "session" and receipt["session"] == "ssm"
+    assert receipt["instance_id"] == current(tree, "test2")["instance_id"]
+    assert receipt["mount_point"] == "/mnt/data" and receipt["exit_status"] == 0
+    vid = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    vol = tree.moto.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
+    assert vol["Attachments"] == []
+    lp = meta(tree.root, "launch-params.yaml")["instances"]["test2"]
+    assert lp["mounts"] == [] and lp["launched"] is True and lp["hostname"] == "test2-002"
+    assert meta(tree.root, "storage.yaml")["storages"]["mnt_data"]["attachments"] == []
+
+
+def test_decommission_through_an_instance_less_root(tree):
+    ids = {n: current(tree, n)["instance_id"] for n in ("test", "test2")}
+    # apply flag off: a decommission can be planned and gated as often as needed
+    dry = tree.play("instance_image.yml", overlays=(), csis_undeclare=["test", "test2"])
+    assert dry.returncode == 0, tail(dry)
+    assert meta(tree.root, "launch-params.yaml")["instances"].keys() == {"test", "test2"}
+    res = tree.play("instance_image.yml", csis_undeclare=["test", "test2"])
+    assert res.returncode == 0, tail(res)
+    p = plans(res)
+    assert p and p[0][1] == "0" and p[0][2] == "0" and int(p[0][3]) >= 2, p
+    root_tf = os.path.join(tree.root, "generated/instance-image/open-tofu/instance-generation")
+    assert not [f for f in os.listdir(root_tf) if f.startswith("open-tofu-instance-generation-instance-")]
+    for n, iid in ids.items():
+        assert ec2_instance(tree, iid)["State"]["Name"] in ("terminated", "shutting-down")
+    assert meta(tree.root, "launch-params.yaml")["instances"] == {}
+    assert meta(tree.root, "pins.yaml")["instances"] == {}
+    ist = meta(tree.root, "instance-state.yaml")["instances"]
+    assert ist["test2"]["current"] is None and ist["test2"]["history"][-1]["why"] == "decommission"
+    # forget: nothing is left to forget (the apply forgot the records)
+    res = tree.play("forget.yml", overlays=(), forget_instance="test2")
+    assert res.returncode != 0 and "nothing is recorded for it" in text(res)

@@ -1,0 +1,213 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Unmount receipts, on-machine verification, the booted-image check, verdict records,
+upgrade markers and the archived -> destroyed record (library level, no AWS)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import gate, record, unmount, verify
+from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
+
+
+def write_meta(root, name, data):
+    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
+    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh)
+
+
+# --------------------------------------------------------------------------- unmount
+class FakeSSM:
+    def __init__(self, status="Success", code=0, out="unmounted: /mnt/data\n"):
+        self.status, self.code, self.out, self.sent = status, code, out, []
+
+    def send_command(self, **kw):
+        self.sent.append(kw)
+        return {"Command": {"CommandId": "c-1", "Status": "Pending"}}
+
+    def get_command_invocation(self, CommandId, InstanceId):
+        return {"Status": self.status, "ResponseCode": self.code, "StandardOutputContent": self.out,
+                "StandardErrorContent": ""}
+
+
+@pytest.fixture
+def launched_root(tmp_path):
+    root = str(tmp_path)
+    write_meta(root, "instance-state.yaml", {"instances": {"test2": {"current": {"number": 1, "instance_id": "i-0abc"}}}})
+    return root
+
+
+def test_confirm_records_the_operators_word_without_a_remote_call(launched_root, tmp_path):
+    rd = str(tmp_path / "receipts")
+    r = unmount.unmount(launched_root, "test2", "mnt_data", "/mnt/data", rd, access={}, runtime="rt", confirm=True,
+                        confirmed_by="alice", client=object())
+    with open(os.path.join(rd, "test2__mnt_data.json"), encoding="utf-8") as fh:
+        data = json.load(fh)
+    assert data["ok"] is True and data["method"] == "operator-confirmation" and data["confirmed_by"] == "alice"
+    assert {"instance", "storage", "ok", "time", "mount_point", "method", "runtime", "exit_status", "output"} <= set(data)
+    assert r["path"].endswith("test2__mnt_data.json")
+    assert gate.check_receipts(["test2:mnt_data"], rd, not_before="2000-01-01T00:00:00Z") == []
+
+
+def test_the_session_unmount_targets_the_recorded_instance_id(launched_root, tmp_path):
+    rd = str(tmp_path / "receipts")
+    ssm = FakeSSM()
+    r = unmount.unmount(launched_root, "test2", "mnt_data", "/mnt/data", rd, access={"session_mechanism": "ssm"},
+                        runtime="rt", client=ssm)
+    assert ssm.sent[0]["InstanceIds"] == ["i-0abc"] and ssm.sent[0]["DocumentName"] == "AWS-RunShellScript"
+    script = "\n".join(ssm.sent[0]["Parameters"]["commands"])
+    assert "MP='/mnt/data'" in script and "fuser -km" not in script and "umount -l" not in script
+    assert r["ok"] is True and r["method"] == "session" and r["exit_status"] == 0 and r["instance_id"] == "i-0abc"
+    assert gate.check_receipts(["test2:mnt_data"], rd) == []
+
+
+def test_a_failed_session_unmount_writes_a_refused_receipt_and_raises(launched_root, tmp_path):
+    rd = str(tmp_path / "receipts")
+    with pytest.raises(unmount.UnmountError, match=r"unmount of /mnt/data on test2 failed \(exit 1"):
+        unmount.unmount(launched_root, "test2", "mnt_data", "/mnt/data", rd, access={"session_mechanism": "ssm"},
+                        client=FakeSSM("Failed", 1, "busy: /mnt/data is held by: 1234"))
+    (msg,) = gate.check_receipts(["test2:mnt_data"], rd)
+    assert msg.startswith("DETACH NOT UNMOUNTED: test2:mnt_data has no successful unmount receipt")
+
+
+def test_no_recorded_instance_id_or_no_ssm_is_refused(tmp_path):
+    with pytest.raises(unmount.UnmountError, match="records no instance id"):
+        unmount.unmount(str(tmp_path), "gone", "s", "/mnt/s", str(tmp_path / "r"), access={"session_mechanism": "ssm"},
+                        client=FakeSSM())
+    with pytest.raises(unmount.UnmountError, match="confirm: true"):
+        unmount.unmount(str(tmp_path), "gone", "s", "/mnt/s", str(tmp_path / "r"), access={"session_mechanism": "ssh"})
+
+
+@pytest.mark.parametrize("mp", ["/mnt/da ta", "relative", "/mnt/../etc", "/", "/mnt/x;rm -rf /"])
+def test_unsafe_mount_points_are_refused(mp):
+    with pytest.raises(unmount.UnmountError):
+        unmount.unmount_script(mp)
+
+
+# --------------------------------------------------------------------------- verify on the machine
+def prepared(tmp_path, marker=True, mounted=("/mnt/data",), gid=None, mode=0o2770):
+    fs = tmp_path / "fs"
+    (fs / "var/lib/csis").mkdir(parents=True)
+    if marker:
+        (fs / "var/lib/csis/launch-applied").write_text("2026-11-29T00:00:00Z\n")
+    (fs / "proc").mkdir()
+    (fs / "proc/mounts").write_text("".join("/dev/nvme1n1 %s xfs rw 0 0\n" % m for m in mounted))
+    sub = fs / "mnt/data/coops"
+    sub.mkdir(parents=True)
+    os.chmod(str(sub), mode)
+    if gid is not None:
+        os.chown(str(sub), -1, gid)
+    return str(fs)
+
+
+MOUNT = {"storage": "mnt_data", "type": "ebs", "mount_point": "/mnt/data", "group": "coops", "gid": None,
+         "share_mode": "2770"}
+
+
+def test_a_complete_machine_passes(tmp_path):
+    gid = os.getgid()
+    fs = prepared(tmp_path, gid=gid)
+    v = verify.verify_on_machine(fs, mounts=[dict(MOUNT, gid=gid), {"storage": "b", "type": "s3", "mount_point": "/x"}],
+                                 tests=["test -f var/lib/csis/launch-applied", 'test "$CSIS_FS_ROOT" = "%s"' % fs])
+    assert v["ok"] is True, v
+    assert [c["name"] for c in v["checks"]] == ["startup scripts", "mount /mnt/data (mnt_data)",
+                                                "group subtree /mnt/data/coops", "test: test -f var/lib/csis/launch-applied",
+                                                'test: test "$CSIS_FS_ROOT" = "%s"' % fs]
+    assert v["evidence"] == ["/mnt/data"]
+
+
+def test_each_failure_is_named(tmp_path):
+    fs = prepared(tmp_path, marker=False, mounted=(), mode=0o2775)
+    v = verify.verify_on_machine(fs, mounts=[MOUNT], tests=["false"])
+    assert v["ok"] is False
+    bad = {c["name"]: c["detail"] for c in v["checks"] if not c["ok"]}
+    assert "missing" in bad["startup scripts"]
+    assert bad["mount /mnt/data (mnt_data)"] == "/mnt/data is not mounted"
+    assert bad["test: false"].startswith("exit 1")
+    fs2 = prepared(tmp_path / "b", mode=0o2775)
+    v = verify.verify_on_machine(fs2, mounts=[dict(MOUNT, gid=os.getgid() + 4242)])
+    (sub,) = [c for c in v["checks"] if c["name"].startswith("group subtree")]
+    assert not sub["ok"] and "mode is 2775, expected 2770" in sub["detail"] and "expected %d" % (os.getgid() + 4242) in sub["detail"]
+
+
+def test_a_missing_fs_root_fails_cleanly(tmp_path):
+    v = verify.verify_on_machine(str(tmp_path / "nope"))
+    assert v["ok"] is False and v["checks"][0]["name"] == "file-system root"
+
+
+# --------------------------------------------------------------------------- booted image
+class FakeEC2:
+    def __init__(self, booted, name="h8-dask-2"):
+        self.booted, self.name = booted, name
+
+    def describe_instances(self, InstanceIds):
+        return {"Reservations": [{"Instances": [{"InstanceId": InstanceIds[0], "ImageId": self.booted,
+                                                 "State": {"Name": "running"}}]}]}
+
+    def describe_images(self, ImageIds):
+        return {"Images": [{"ImageId": ImageIds[0], "Name": self.name}]}
+
+
+def test_booted_image_against_the_pin_or_the_name_pattern():
+    assert verify.booted_image_check({}, "i-1", "ami-1", client=FakeEC2("ami-1"))["ok"] is True
+    c = verify.booted_image_check({}, "i-1", "ami-2", client=FakeEC2("ami-1"))
+    assert c["ok"] is False and "expected the pinned build ami-2" in c["detail"]
+    assert verify.booted_image_check({}, "i-1", None, "h8-dask", client=FakeEC2("ami-1"))["ok"] is True
+    assert verify.booted_image_check({}, "i-1", None, "other", client=FakeEC2("ami-1"))["ok"] is False
+    assert verify.booted_image_check({}, None, "ami-1")["ok"] is False
+
+
+def test_verdicts_are_combined_recorded_and_read_back(tmp_path):
+    root = str(tmp_path)
+    on = verify.verify_on_machine(str(tmp_path / "missing"))
+    v = verify.combine("eph", on, {"name": "booted image", "ok": True, "detail": "fine"}, runtime="rt", build=None,
+                       run="r1", ephemeral=True)
+    assert v["ok"] is False
+    assert verify.failure_message(v).startswith("instance eph failed verification: file-system root: ")
+    record.record_verification(root, v)
+    record.record_verification(root, dict(v, ok=True, time="later"))
+    meta = {"verifications.yaml": MetaState(root).load("verifications.yaml")}
+    assert record.last_verification(meta, "eph")["ok"] is True
+    assert len(meta["verifications.yaml"]["verifications"]) == 2
+    unreachable = verify.combine("x", None, None, runtime=None, build=None, run=None, ephemeral=True, error="UNREACHABLE")
+    assert unreachable["ok"] is False and unreachable["checks"][0]["name"] == "reach the machine"
+
+
+# --------------------------------------------------------------------------- upgrade marker
+def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path):
+    root = str(tmp_path)
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": {"launched": True, "ephemeral": False},
+                                                          "eph": {"launched": True, "ephemeral": True}}})
+    write_meta(root, "pins.yaml", {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []})
+    out = record.mark_upgrade(root, "test2", "r1", requested_by="bob")
+    assert out["changed"] is True
+    pins = MetaState(root).load("pins.yaml")
+    assert pins["pending_replacements"]["test2"]["from"] == "ami-1" and pins["pending_replacements"]["test2"]["to"] is None
+    assert record.mark_upgrade(root, "test2", "r2", requested_by="bob")["changed"] is False
+    with pytest.raises(record.RecordError, match="ephemeral"):
+        record.mark_upgrade(root, "eph", "r1")
+    with pytest.raises(record.RecordError, match="not launched"):
+        record.mark_upgrade(root, "nope", "r1")
+
+
+# --------------------------------------------------------------------------- archived -> destroyed
+def test_archived_to_destroyed_is_recorded_only_after_the_snapshot_deletion(tmp_path):
+    root = str(tmp_path)
+    write_meta(root, "storage-state.yaml", {"storages": {"mnt_data": {"state": "archived", "generation": 1,
+                                                                        "facts": {"builder": "aws-ebs", "type": "ebs"}}}})
+    rp = {"builder": "aws-ebs", "lifecycle": "storage", "storages": {"mnt_data": {
+        "builder": "aws-ebs", "type": "ebs", "requested_state": "destroyed", "current_state": "archived",
+        "address": "module.storage_mnt_data", "archive_snapshot": "csis-mnt-data-archive"}}}
+    ms = MetaState(root)
+    assert "mnt_data" not in record.record_storage_root(ms, rp, {"resources": []}, "r1")
+    assert ms.load("storage-state.yaml")["storages"]["mnt_data"]["state"] == "archived"
+    t = {"storage": "mnt_data", "action": "delete_archive_snapshot"}
+    got = record.record_storage_root(ms, rp, {"resources": []}, "r1", [t])
+    assert got["mnt_data"] == ["archived", "destroyed"]
+    rec = ms.load("storage-state.yaml")["storages"]["mnt_data"]
+    assert rec["state"] == "destroyed" and rec["history"][-1]["action"] == "delete_archive_snapshot"

@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Root planning for day-2 operations: follow targets from series heads, explicit upgrades,
+pinned instances that stay, detaches, decommissions, ephemeral policies and the archive
+transitions' tags."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+
+import pytest
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs"))
+import corpus  # noqa: E402
+from render_trees import copy_tree  # noqa: E402
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import RenderOptions, plan_roots  # noqa: E402
+
+RT = "aws-east2-runtime"
+PIN2, PIN1, HEAD = "ami-0000000000000aaa1", "ami-0000000000000bbb1", "ami-0000000000000ccc2"
+
+
+def launched(name, mounts=(), ephemeral=False, image="imgfile-basic-dask"):
+    return {"image": image, "build": PIN2, "builder": "open-tofu", "runtime": RT, "launched": True,
+            "launched_run": "r1", "ephemeral": ephemeral, "hostname": "%s-001" % name, "mounts": list(mounts),
+            "group": "coops", "identity_type": "posix", "machine_type": "t3.medium", "region": "us-east-2",
+            "session": "ssm", "tags": {}}
+
+
+MNT = {"builder": "aws-ebs", "device": "/dev/xvdf", "group": "coops", "mount_point": "/mnt/data",
+       "public_read": False, "share_mode": "2770", "storage": "mnt_data", "type": "ebs"}
+
+
+def write_meta(root, name, data):
+    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
+    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh)
+
+
+def edit(root, rel, fn):
+    p = os.path.join(root, rel)
+    with open(p, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    fn(data)
+    with open(p, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = copy_tree("examples", str(tmp_path))
+    for n in ("meta-state",):
+        p = os.path.join(root, n)
+        if os.path.isdir(p):
+            for f in os.listdir(p):
+                os.unlink(os.path.join(p, f))
+    t2 = launched("test2", [MNT])
+    t1 = launched("test", image="imgfile-basic")
+    t1.update(group="stofs", machine_type="t3.micro", build=PIN1)
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": t2, "test": t1}})
+    write_meta(root, "pins.yaml", {"instances": {"test2": PIN2, "test": PIN1}, "pending_replacements": {}, "upgrades": []})
+    write_meta(root, "instance-state.yaml", {"instances": {
+        n: {"generation": {"durable": 1, "ephemeral": 0}, "current": {"number": 1, "kind": "durable", "instance_id": "i-%s" % n}}
+        for n in ("test", "test2")}})
+    write_meta(root, "storage-state.yaml", {"storages": {"mnt_data": {"state": "active", "generation": 1,
+                                                                        "facts": {"builder": "aws-ebs", "type": "ebs"}}}})
+    return root
+
+
+def instance_root(root, heads=None, undeclare=()):
+    t, meta = load_and_validate(root, undeclare=undeclare, run_version=corpus.version_stub({}))
+    roots = plan_roots(t, meta, "instance-image", RenderOptions(dry_run=False, series_heads=heads or {}))
+    assert len(roots) == 1
+    return roots[0]
+
+
+def test_pinned_instances_stay_pinned_even_with_a_newer_head(tree):
+    r = instance_root(tree, heads={"imgfile-basic@%s" % RT: {"ami_id": HEAD}, "imgfile-basic-dask@%s" % RT: {"ami_id": HEAD}})
+    assert r.replace == [] and r.allow_destroy == []
+    assert 'ami_id = "%s"' % PIN2 in " ".join(r.files["open-tofu-instance-generation-instance-test2.tf"].split())
+
+
+def test_follow_onto_a_newer_head_replaces_and_whitelists_the_attachment(tree):
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].update(image_policy="follow"))
+    r = instance_root(tree, heads={"imgfile-basic-dask@%s" % RT: {"ami_id": HEAD}})
+    assert r.replace == ["module.instance_test2.aws_instance.this"]
+    assert set(r.allow_destroy) == {"module.instance_test2.aws_instance.this",
+                                    "module.instance_test2.aws_volume_attachment.this"}
+    tf = " ".join(r.files["open-tofu-instance-generation-instance-test2.tf"].split())
+    assert 'ami_id = "%s"' % HEAD in tf
+    info = r.instances["test2"]
+    assert info["replacing"] == "follow" and info["launch_params"]["hostname"] == "test2-002"
+    assert info["verify"]["expected_build"] == HEAD
+    # the head equal to the pin: nothing moves
+    r = instance_root(tree, heads={"imgfile-basic-dask@%s" % RT: {"ami_id": PIN2}})
+    assert r.replace == []
+
+
+def test_a_pending_upgrade_replaces_onto_its_target_or_the_head(tree):
+    write_meta(tree, "pins.yaml", {"instances": {"test2": PIN2, "test": PIN1}, "upgrades": [],
+                                   "pending_replacements": {"test": {"to": None, "run": "r2"}}})
+    r = instance_root(tree, heads={"imgfile-basic@%s" % RT: {"ami_id": HEAD}})
+    assert r.replace == ["module.instance_test.aws_instance.this"]
+    assert 'ami_id = "%s"' % HEAD in " ".join(r.files["open-tofu-instance-generation-instance-test.tf"].split())
+    assert r.instances["test"]["launch_params"]["hostname"] == "test-002"
+    write_meta(tree, "pins.yaml", {"instances": {"test2": PIN2, "test": PIN1}, "upgrades": [],
+                                   "pending_replacements": {"test": {"to": "ami-0000000000000ddd3", "run": "r2"}}})
+    r = instance_root(tree, heads={"imgfile-basic@%s" % RT: {"ami_id": HEAD}})
+    assert 'ami_id = "ami-0000000000000ddd3"' in " ".join(r.files["open-tofu-instance-generation-instance-test.tf"].split())
+
+
+def test_a_dropped_mount_is_a_detach_needing_an_unmount(tree):
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].pop("storages"))
+    r = instance_root(tree)
+    assert r.require_unmounted == ["test2:mnt_data"]
+    assert r.allow_destroy == ['module.instance_test2.aws_volume_attachment.this["mnt_data"]']
+    assert r.unmounts == [{"instance": "test2", "storage": "mnt_data", "mount_point": "/mnt/data", "type": "ebs"}]
+
+
+def test_undeclaring_every_instance_leaves_an_instance_less_root(tree):
+    r = instance_root(tree, undeclare=["test", "test2"])
+    assert sorted(r.decommission) == ["test", "test2"]
+    assert set(r.allow_destroy) == {"module.instance_test", "module.instance_test2", "aws_security_group.csis_instances"}
+    assert not [f for f in r.files if "-instance-generation-instance-" in f]
+
+
+def _ephemeral(tree, verdict_age_s=None, ok=False, teardown_after="30m"):
+    def f(d):
+        d["instances"].append({"name": "eph", "image": "imgfile-basic", "ephemeral": True,
+                               "teardown_after": teardown_after})
+    edit(tree, "instances/instances.yaml", f)
+    if verdict_age_s is not None:
+        t = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=verdict_age_s)).replace(microsecond=0)
+        write_meta(tree, "verifications.yaml", {"verifications": [
+            {"instance": "eph", "ok": ok, "time": t.isoformat().replace("+00:00", "Z"), "checks": []}]})
+        lp = yaml.safe_load(open(os.path.join(tree, "meta-state/launch-params.yaml")))
+        e = launched("eph", ephemeral=True, image="imgfile-basic")
+        e.update(group="stofs", machine_type="t3.micro", build="unbound")
+        lp["instances"]["eph"] = e
+        write_meta(tree, "launch-params.yaml", lp)
+    return instance_root(tree)
+
+
+def test_ephemeral_count_and_policies(tree):
+    r = _ephemeral(tree)
+    assert r.ephemeral == ["eph"]
+    assert "count = var.ephemeral_present ? 1 : 0" in " ".join(r.files["open-tofu-instance-generation-instance-eph.tf"].split())
+    assert 'variable "ephemeral_present"' in r.files["open-tofu-instance-generation.tf"]
+    info = r.instances["eph"]
+    assert info["on_failure"] == "keep" and info["teardown_after"] == "30m" and info["skip_verify"] is False
+    assert info["verify"]["marker"] == "/var/lib/csis/launch-applied"
+
+
+def test_teardown_after_elapsed_skips_the_verification(tree):
+    assert _ephemeral(tree, verdict_age_s=3600).instances["eph"]["skip_verify"] is True
+
+
+def test_teardown_after_not_elapsed_or_a_passing_verdict_re_verifies(tmp_path, tree):
+    assert _ephemeral(tree, verdict_age_s=60).instances["eph"]["skip_verify"] is False
+
+
+def test_archive_transitions_carry_the_trees_tag(tree):
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].pop("storages"))
+    write_meta(tree, "launch-params.yaml", {"instances": {}})
+    edit(tree, "storages/storage0.yaml", lambda d: d["storages"][0].update(state="archived"))
+    t, meta = load_and_validate(tree, run_version=corpus.version_stub({}))
+    (ebs,) = [r for r in plan_roots(t, meta, "storage", RenderOptions()) if r.builder == "aws-ebs"]
+    (snap,) = ebs.transitions_before
+    assert snap["action"] == "snapshot" and snap["tags"] == {"csis_config": "csis-example"}
+    assert ebs.allow_destroy == ["module.storage_mnt_data"]
