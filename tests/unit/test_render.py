@@ -22,12 +22,36 @@ import yaml
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import render, service
 from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate
-from ansible_collections.csis.infra.plugins.module_utils.csis.emit import MANIFEST, fmt_texts
+from ansible_collections.csis.infra.plugins.module_utils.csis.emit import MANIFEST
 from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
 
 import render_trees as rt
 
 ALL = rt.LIFECYCLES
+
+def fmt_texts(files, binary):
+    """The .tf texts as `terraform fmt` (the real binary) writes them; other files unchanged."""
+    import subprocess
+    import tempfile
+
+    from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env
+
+    out = dict(files)
+    tf = [n for n in files if n.endswith(".tf")]
+    if not tf:
+        return out
+    with tempfile.TemporaryDirectory(prefix="csis-fmt-") as tmp:
+        for n in tf:
+            with open(os.path.join(tmp, n), "w", encoding="utf-8") as fh:
+                fh.write(files[n])
+        res = subprocess.run([binary, "fmt", "-list=false", "-no-color"] + tf, cwd=tmp, capture_output=True,
+                             text=True, env=terraform_env(), check=False)
+        assert res.returncode == 0, res.stderr
+        for n in tf:
+            with open(os.path.join(tmp, n), encoding="utf-8") as fh:
+                out[n] = fh.read()
+    return out
+
 
 
 def plans(root: str, lifecycle: str, overlays: tuple = (), undeclare: tuple = (), **opts: Any) -> List[render.RootPlan]:

@@ -28,8 +28,9 @@ import datetime as _dt
 import json
 import os
 import re
-import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from .fsutil import write_atomic
 
 REPORT_NAME = "state-report.json"
 DRIFTS = ("missing", "stale", "foreign", "changed")
@@ -702,21 +703,7 @@ def write_report(config_root: str, report: Mapping[str, Any]) -> Tuple[str, bool
     path = report_path(config_root)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     previous = read_report(config_root)
-    payload = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % REPORT_NAME, suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
 
     def findings(r: Optional[Mapping[str, Any]]) -> Any:
         return None if r is None else [r.get(k) for k in ("drift", "unavailable", "notes")]

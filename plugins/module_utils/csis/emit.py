@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .render import RootPlan
+from .fsutil import fsync_dir
 from .tfcli import terraform_env
 
 MANIFEST = ".csis-manifest.json"
@@ -62,25 +62,6 @@ def _manifest(directory: str) -> List[str]:
         return []
 
 
-def fmt_texts(files: Mapping[str, str], binary: str) -> Dict[str, str]:
-    """``terraform fmt`` the .tf/.hcl texts (through a scratch directory); others unchanged."""
-    out = dict(files)
-    tf = [n for n in files if n.endswith(".tf")]
-    if not tf:
-        return out
-    with tempfile.TemporaryDirectory(prefix="csis-fmt-") as tmp:
-        for n in tf:
-            with open(os.path.join(tmp, n), "w", encoding="utf-8") as fh:
-                fh.write(files[n])
-        res = subprocess.run([binary, "fmt", "-list=false", "-no-color"] + tf, cwd=tmp, capture_output=True,
-                             text=True, env=terraform_env(), check=False)
-        if res.returncode != 0:
-            raise EmitError("terraform fmt refused the generated files: %s" % (res.stderr.strip() or res.stdout.strip()))
-        for n in tf:
-            out[n] = _read(os.path.join(tmp, n)) or files[n]
-    return out
-
-
 def compare(directory: str, files: Mapping[str, str], want_diff: bool) -> EmitResult:
     old_files = _manifest(directory)
     res = EmitResult(directory=directory, changed=False)
@@ -105,15 +86,7 @@ def compare(directory: str, files: Mapping[str, str], want_diff: bool) -> EmitRe
     return res
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_dir = fsync_dir
 
 
 def _fsync_file(path: str) -> None:

@@ -35,9 +35,10 @@ import os
 import re
 import secrets
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .fsutil import write_json_atomic
 
 from .tfcli import terraform_env
 
@@ -655,30 +656,7 @@ def binding_path(plan_path: str) -> str:
     return plan_path + BINDING_SUFFIX
 
 
-def _atomic_write_json(path: str, data: Any) -> None:
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".tmp.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+_atomic_write_json = write_json_atomic
 
 
 def _remove(path: str) -> bool:

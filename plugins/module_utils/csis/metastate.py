@@ -43,12 +43,13 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import yaml
+
+from .fsutil import fsync_dir, write_atomic
 
 __all__ = [
     "FILES",
@@ -442,48 +443,8 @@ class _Lock:
 # files
 # ---------------------------------------------------------------------------
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    """The process umask, read without changing it when the OS allows (Linux /proc)."""
-    try:
-        with open("/proc/self/status", "r", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    current = os.umask(0o022)  # fallback: briefly set, then restore
-    os.umask(current)
-    return current
-
-
-def _write_atomic(path: str, payload: bytes) -> None:
-    """Replace ``path`` with ``payload``: tmp in the same dir, fsync, rename, fsync dir."""
-    directory = os.path.dirname(path)
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+_fsync_dir = fsync_dir
+_write_atomic = write_atomic
 
 
 class MetaState:

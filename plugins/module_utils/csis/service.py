@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from . import models as m
 from .config import load_and_validate
-from .emit import EmitError, compare, prepare_roots, unified, write_root
+from .emit import compare, prepare_roots, write_root
 from .launch import compute_launch_params, immutability_problems, pending_replacement
-from .loader import ConfigError, Tree
+from .loader import ConfigError
 from .render import LIFECYCLES, RenderOptions, RootPlan, plan_roots
 from .tfcli import env_overrides
 from .validate import Validation
@@ -67,7 +66,7 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         # The emission is terraform-fmt canonical by construction (hcl.py; pinned by
         # tests/unit/test_render.py::test_emission_is_already_in_fmt_form, and `fmt -check`
         # runs in every prepared root): piping 1000s of files through `terraform fmt` here
-        # cost ~2 s at 1,000 instances. emit.fmt_texts stays available for callers.
+        # cost ~2 s at 1,000 instances.
         files = dict(p.files)
         res = compare(directory, files, want_diff)
         changed = changed or res.changed

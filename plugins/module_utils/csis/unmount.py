@@ -16,12 +16,12 @@ killed, and there is no lazy unmount; a busy mount fails the step and nothing is
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from .fsutil import write_json_atomic
 
 from .metastate import MetaState
 
@@ -79,23 +79,9 @@ def receipt_path(receipts_dir: str, instance: str, storage: str) -> str:
 
 
 def write_receipt(path: str, receipt: Mapping[str, Any]) -> None:
-    """Atomic: a temporary file in the same directory, fsync, rename."""
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".receipt-", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(receipt, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Atomic (fsutil.write_json_atomic)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json_atomic(path, dict(receipt))
 
 
 def ssm_run(access: Mapping[str, Any], instance_id: str, commands: List[str], timeout: int = 300,
