@@ -13,7 +13,7 @@ data "aws_efs_file_system" "existing" {
 resource "aws_efs_file_system" "this" {
   count = local.adopt ? 0 : 1
 
-  creation_token   = var.name
+  creation_token   = var.creation_token != "" ? var.creation_token : var.name
   performance_mode = var.performance_mode
   encrypted        = var.encrypted
 

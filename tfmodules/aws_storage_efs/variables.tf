@@ -1,10 +1,21 @@
 variable "name" {
-  description = "File system name: the creation token and the Name tag."
+  description = "File system name: the Name tag (and the creation token unless creation_token is set)."
   type        = string
 
   validation {
     condition     = length(trimspace(var.name)) > 0 && length(var.name) <= 64
     error_message = "name must be 1 to 64 characters."
+  }
+}
+
+variable "creation_token" {
+  description = "The file system's creation token (idempotency key, unique per account and region). Empty: the name."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = length(var.creation_token) <= 64
+    error_message = "creation_token must be at most 64 characters."
   }
 }
 

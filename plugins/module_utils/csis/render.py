@@ -416,6 +416,10 @@ class Renderer:
             fsid = st.config.get("file_system_id")
             if fsid:
                 args.append(("existing_file_system_id", fsid))
+            else:
+                # the creation token is unique per account and region: scope it to the tree
+                # so two trees with an EFS storage of the same name never collide
+                args.append(("creation_token", efs_creation_token(self.t.resource_tag()["csis_config"], st.name)))
             lc = st.lifecycle or {}
             if "ia_days" in lc and not fsid:
                 args.append(("transition_to_ia", "AFTER_%d_DAYS" % lc["ia_days"]))
@@ -704,6 +708,15 @@ class Renderer:
         if lifecycle == "instance-image":
             return self.instance_roots()
         raise ValueError("unknown lifecycle %r (one of %s)" % (lifecycle, ", ".join(LIFECYCLES)))
+
+
+def efs_creation_token(tree_tag: str, storage: str) -> str:
+    """``<tree>-<storage>``, at most 64 characters (a hash keeps long ones unique)."""
+    token = "%s-%s" % (tree_tag, storage)
+    if len(token) <= 64:
+        return token
+    import hashlib
+    return token[:51] + "-" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:12]
 
 
 def _list_literal(xs: Sequence[str]) -> str:

@@ -10,6 +10,7 @@ module "storage_efs_storage" {
   performance_mode = "generalPurpose"
   encrypted        = true
   name             = "efs-storage"
+  creation_token   = "csis-example-efs-storage"
   transition_to_ia = "AFTER_30_DAYS"
   access_points = {
     coops = {
