@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .fsutil import write_json_atomic
+from .hcl import string as hcl_string
 
 from .tfcli import terraform_env
 
@@ -182,32 +183,7 @@ def parse_address(address: str) -> Tuple[Token, ...]:
     return tuple(tokens)
 
 
-def _quote_key(value: str) -> str:
-    out = []
-    i = 0
-    while i < len(value):
-        c = value[i]
-        if c in "$%" and value.startswith(c + "{", i):
-            out.append(c + c + "{")
-            i += 2
-            continue
-        if c == "\\":
-            out.append("\\\\")
-        elif c == '"':
-            out.append('\\"')
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\r":
-            out.append("\\r")
-        elif c == "\t":
-            out.append("\\t")
-        elif not c.isprintable():
-            cp = ord(c)
-            out.append("\\u%04x" % cp if cp <= 0xFFFF else "\\U%08x" % cp)
-        else:
-            out.append(c)
-        i += 1
-    return '"' + "".join(out) + '"'
+_quote_key = hcl_string  # an address key is spelled as an HCL string
 
 
 def format_address(tokens: Iterable[Token]) -> str:
