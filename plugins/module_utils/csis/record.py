@@ -182,6 +182,23 @@ def _storage_read_model(txn: Any, run: str) -> None:
 
 
 # --------------------------------------------------------------------------- instances
+def forget_instance_records(lp_data: Dict[str, Any], is_data: Dict[str, Any], pins: Dict[str, Any],
+                            name: str, why: str, run: str, op: Optional[str] = None) -> None:
+    """Drop an instance's launch record, close its generation (``why``) and unpin it
+    (upgrade entry ``op``, default ``why``), in already loaded files."""
+    lp_data.setdefault("instances", {}).pop(name, None)
+    srec = is_data.setdefault("instances", {}).get(name)
+    if srec and srec.get("current"):
+        _hist(srec, dict(srec["current"], why=why, closed_run=run, closed_at=now()))
+        srec["current"] = None
+    old_pin = pins.setdefault("instances", {}).pop(name, None)
+    pins.setdefault("pending_replacements", {}).pop(name, None)
+    if old_pin is not None:
+        upgrades = pins.setdefault("upgrades", [])
+        upgrades.append({"kind": "instance", "name": name, "from": old_pin, "op": op or why, "run": run})
+        del upgrades[:-200]
+
+
 def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return _first(mine, "aws_instance")
 
@@ -208,14 +225,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 if name in lps or (srec and srec.get("current")):
                     why = "decommission" if info.get("decommission") else ("ephemeral" if info.get("ephemeral") else "gone")
                     if info.get("decommission") or info.get("ephemeral") or (name in lps and not lps[name].get("launched")):
-                        lps.pop(name, None)
-                        if name in pin_map:
-                            upgrades.append({"kind": "instance", "name": name, "from": pin_map.pop(name), "op": why, "run": run})
-                        pending.pop(name, None)
-                        if srec and srec.get("current"):
-                            closed = dict(srec["current"], why=why, closed_run=run, closed_at=now())
-                            _hist(srec, closed)
-                            srec["current"] = None
+                        forget_instance_records(lp_data, is_data, pins, name, why, run)
                         out[name] = why
                 continue
             a = inst["attributes"]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from .drift import _Endpoint, _lookup_bucket, _lookup_filesystem, _lookup_instance, _lookup_volume, expectations, lookup_storage, run_id
 from .metastate import MetaState
-from .record import _hist, _storage_read_model, now
+from .record import _hist, _storage_read_model, forget_instance_records, now
 
 
 class StateOpError(Exception):
@@ -101,16 +101,7 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
         lp_data = txn.load("launch-params.yaml")
         is_data = txn.load("instance-state.yaml")
         pin_data = txn.load("pins.yaml")
-        lp_data["instances"].pop(name, None)
-        srec = is_data["instances"].get(name)
-        if srec and srec.get("current"):
-            _hist(srec, dict(srec["current"], why="forgotten", closed_run=run, closed_at=now()))
-            srec["current"] = None
-        old_pin = pin_data["instances"].pop(name, None)
-        pin_data["pending_replacements"].pop(name, None)
-        if old_pin is not None:
-            pin_data["upgrades"].append({"kind": "instance", "name": name, "from": old_pin, "op": "forget", "run": run})
-            del pin_data["upgrades"][:-200]
+        forget_instance_records(lp_data, is_data, pin_data, name, "forgotten", run, op="forget")
         txn.save("launch-params.yaml", lp_data)
         txn.save("instance-state.yaml", is_data)
         txn.save("pins.yaml", pin_data)
