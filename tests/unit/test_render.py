@@ -293,8 +293,10 @@ def test_storage_states(variations: Dict[str, Any]) -> None:
     f = ebs.files
     # restore: recorded archived, declared active
     restored = f["ebs-storage-generation-storage-restored_vol.tf"]
-    assert 'snapshot_name     = "csis-restored-vol-archive"' in restored
-    assert 'availability_zone = "us-east-2b"' in restored  # the storage's own zone wins
+    assert 'snapshot_name = "csis-restored-vol-archive"' in norm(restored)
+    # the restore snapshot must carry the storage's and the tree's tags (never another tree's)
+    assert 'csis_storage = "restored-vol"' in norm(restored) and "csis_config" in restored
+    assert 'availability_zone = "us-east-2b"' in norm(restored)  # the storage's own zone wins
     assert {"storage": "restored-vol", "action": "delete_archive_snapshot", "from": "archived", "to": "active",
             "snapshot_name": "csis-restored-vol-archive"} in [{k: v for k, v in t.items() if k != "tags"}
                                                                 for t in ebs.transitions_after]

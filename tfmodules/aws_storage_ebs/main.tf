@@ -12,6 +12,15 @@ data "aws_ebs_snapshot" "archive" {
     name   = "tag:Name"
     values = [var.snapshot_name]
   }
+
+  # the archive's owner tags, so another tree's snapshot of the same name never matches
+  dynamic "filter" {
+    for_each = var.snapshot_tags
+    content {
+      name   = "tag:${filter.key}"
+      values = [filter.value]
+    }
+  }
 }
 
 locals {

@@ -54,6 +54,12 @@ variable "snapshot_name" {
   default     = ""
 }
 
+variable "snapshot_tags" {
+  description = "Further tags the restore snapshot must carry (csis.infra passes csis_storage and csis_config)."
+  type        = map(string)
+  default     = {}
+}
+
 variable "tags" {
   description = "Extra tags (merged after Name)."
   type        = map(string)

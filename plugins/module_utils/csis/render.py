@@ -405,6 +405,7 @@ class Renderer:
             args.append(("size", sb.size))
             if restore:
                 args.append(("snapshot_name", "csis-%s-archive" % m.label(st.name).replace("_", "-")))
+                args.append(("snapshot_tags", dict({"csis_storage": st.name}, **self.t.resource_tag())))
             zone = st.availability_zone or net.default_availability_zone
             if zone:
                 args.append(("availability_zone", zone))
