@@ -22,11 +22,9 @@ description:
   - Writes no meta-state; recording happens only after an apply (M(csis.infra.csis_record)).
 author:
   - csis.infra maintainers
+extends_documentation_fragment:
+  - csis.infra.config
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
   lifecycle:
     description: The lifecycles to render, in order.
     type: list
@@ -47,11 +45,6 @@ options:
       - Narrow which roots may apply to the roots of this runtime (never turns on an apply flag
         that C(cfg/_config.yml) has off). Implies I(only_runtime).
     type: str
-  overlays:
-    description: Overlay files (relative paths are relative to I(config_root)), applied in order.
-    type: list
-    elements: path
-    default: []
   undeclare:
     description: Instance names treated as removed for this run (a decommission).
     type: list

@@ -19,16 +19,9 @@ description:
   - A network call, so it is its own step of the C(csis.infra.render) role; the result is
     passed to M(csis.infra.csis_render) as C(series_heads). Validation never calls it.
   - Makes no call when no instance follows and O(instances) is empty.
+extends_documentation_fragment:
+  - csis.infra.config
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
-  overlays:
-    description: Overlay files (relative to the configuration root).
-    type: list
-    elements: path
-    default: []
   undeclare:
     description: Instances treated as undeclared for the run.
     type: list

@@ -19,16 +19,9 @@ description:
   - Writes through a meta-state transaction; terraform state is not touched.
 author:
   - csis.infra maintainers
+extends_documentation_fragment:
+  - csis.infra.config
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
-  overlays:
-    description: Overlay files (relative paths are relative to I(config_root)).
-    type: list
-    elements: path
-    default: []
   storage:
     description: The declared storage to record.
     type: str

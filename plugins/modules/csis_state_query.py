@@ -22,16 +22,9 @@ description:
   - Reads meta-state only; never writes it. Credentials come from the environment (or the runtime's profile).
 author:
   - csis.infra maintainers
+extends_documentation_fragment:
+  - csis.infra.config
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
-  overlays:
-    description: Overlay files (relative paths are relative to I(config_root)).
-    type: list
-    elements: path
-    default: []
   run:
     description: The run id named in the report (default a UTC timestamp).
     type: str

@@ -16,16 +16,9 @@ description:
   - Read-only. Credentials come from the environment (or the runtime's profile).
 author:
   - csis.infra maintainers
+extends_documentation_fragment:
+  - csis.infra.config
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
-  overlays:
-    description: Overlay files (relative paths are relative to I(config_root)).
-    type: list
-    elements: path
-    default: []
 attributes:
   check_mode:
     support: full

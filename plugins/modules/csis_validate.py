@@ -19,19 +19,9 @@ description:
   - Makes no network call and writes nothing.
 author:
   - csis.infra maintainers
+extends_documentation_fragment:
+  - csis.infra.config
 options:
-  config_root:
-    description: The configuration root (the directory holding C(cfg/_config.yml)).
-    type: path
-    required: true
-  overlays:
-    description:
-      - Overlay files applied in order (later wins). Relative paths are relative to I(config_root).
-      - C(config:) keys replace the file's; C(runtime_builders:) and C(state_backends:) entries
-        are deep-merged by name onto the declared entries.
-    type: list
-    elements: path
-    default: []
   undeclare:
     description: Instance names treated as removed from the YAML for this run (a decommission).
     type: list

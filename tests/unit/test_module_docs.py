@@ -25,6 +25,14 @@ def _docs(path):
     return out
 
 
+def _fragment(path):
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
+            return yaml.safe_load(node.value.value)
+    raise AssertionError("no DOCUMENTATION in %s" % path)
+
+
 @pytest.mark.parametrize("path", MODULES, ids=[os.path.basename(p)[:-3] for p in MODULES])
 def test_module_docs_parse(path):
     docs = _docs(path)
@@ -47,6 +55,11 @@ def test_module_docs_parse(path):
 def test_documented_options_match_the_argument_spec(path):
     doc = yaml.safe_load(_docs(path)["DOCUMENTATION"])
     documented = set((doc.get("options") or {}).keys())
+    for frag in doc.get("extends_documentation_fragment") or []:
+        assert frag.startswith("csis.infra."), frag
+        fpath = os.path.join(REPO, "plugins", "doc_fragments", frag.split(".")[-1] + ".py")
+        fdoc = _fragment(fpath)
+        documented |= set((fdoc.get("options") or {}).keys())
     src = open(path, encoding="utf-8").read()
     tree = ast.parse(src)
     spec = set()
