@@ -328,6 +328,7 @@ def run_playbook_at_prompt(playbook: str, config_root: str, endpoint_env: Mappin
     os.close(slave)
     buf = b""
     answered = False
+    answered_at, answered_len, resent = 0.0, 0, 0
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -343,9 +344,19 @@ def run_playbook_at_prompt(playbook: str, config_root: str, endpoint_env: Mappin
                 if not answered and prompt.encode() in buf:
                     answered = True
                     at_prompt()
+                    # ansible prints the prompt, then sets the terminal up and flushes its
+                    # input (termios.tcflush): an answer typed in between is lost. Type it
+                    # after a moment, and again while nothing new has been printed.
+                    time.sleep(1.0)
                     os.write(master, answer.encode() + b"\r")
+                    answered_at, answered_len, resent = time.monotonic(), len(buf), 0
+                elif answered and resent < 6 and len(buf) - answered_len > len(answer) + 8:
+                    resent = 6  # ansible went on: the answer was taken
             elif proc.poll() is not None:
                 break
+            elif answered and resent < 6 and time.monotonic() - answered_at > 5:
+                os.write(master, answer.encode() + b"\r")
+                answered_at, resent = time.monotonic(), resent + 1
         else:
             os.killpg(proc.pid, signal.SIGKILL)
     finally:
