@@ -13,7 +13,7 @@ description:
   - Validates the configuration tree (exactly as M(csis.infra.csis_validate); nothing is
     written when any rule fails), plans the roots of the requested lifecycles and writes
     them under C(<config_root>/generated/<lifecycle>/<builder>/<phase>/).
-  - Each root is replaced as a whole (staged, formatted, then swapped in); files that
+  - Each root is replaced as a whole (staged beside it, compared, then swapped in; the emission is already in C(terraform fmt) form); files that
     csis.infra did not generate (C(.terraform/), local state, plan files) are kept.
   - Then runs C(fmt -check), C(init) and C(validate) in every root, in parallel.
     C(init) is C(init -backend=false) in a dry run and

@@ -4,7 +4,7 @@
 """Write planned roots to disk atomically and run fmt/init/validate on them.
 
 A root directory is replaced as a whole: the new files are staged in a sibling
-directory, formatted there, compared with what is in place, and swapped in with two
+directory (already in ``terraform fmt`` form), compared with what is in place, and swapped in with two
 renames (a killed render leaves the old root, or the new one plus ``.<phase>.old``
 that the next render removes; never a mix). Files csis.infra did not generate
 (``.terraform/``, the lock file, local state, plan files, receipts) are carried over.
