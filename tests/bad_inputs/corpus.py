@@ -73,11 +73,9 @@ GOLDEN = os.path.join(os.path.dirname(EXAMPLES), "tests", "golden", "examples")
 def copy_examples(dest: str) -> str:
     """A copy of examples/ as shipped (without anything a run of the example may have
     left there), with a previous render (the golden) as its generated/."""
-    def ignore(directory: str, names: List[str]) -> List[str]:
-        if os.path.abspath(directory) == EXAMPLES:
-            return [n for n in names if n in RUN_ARTEFACTS]
-        return [n for n in names if n in (".terraform", "tfplan") or n.endswith(".tfstate")]
-    shutil.copytree(EXAMPLES, dest, symlinks=True, ignore=ignore)
+    from trees import copy_as_shipped
+
+    copy_as_shipped(EXAMPLES, dest, link_tfmodules=False)
     shutil.copytree(GOLDEN, os.path.join(dest, "generated"))
     return dest
 

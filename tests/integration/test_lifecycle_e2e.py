@@ -54,12 +54,24 @@ def ebs_volume_id(root):
 # ====================================================================== the example tree
 @pytest.fixture(scope="module")
 def site(moto_endpoint, tmp_path_factory):
+    """The README's first command, ``scripts/demo``, exactly as a user runs it (its copy of the
+    example tree in a temporary directory, the session's endpoint)."""
     parent = str(tmp_path_factory.mktemp("site"))
-    root = e2e.copy_example_tree(parent)
-    run = e2e.run_playbook("site.yml", root, moto_endpoint.env, overlays=overlays(moto_endpoint),
-                           log=os.path.join(parent, "site-1.log"))
+    before = e2e.checkout_fingerprint()
+    run = e2e.run_demo(parent, moto_endpoint.env, moto_endpoint.state_dir, log=os.path.join(parent, "site-1.log"))
     assert run.rc == 0, run.tail()
-    return SimpleNamespace(root=root, parent=parent, run=run)
+    root = os.path.join(parent, "examples")
+    return SimpleNamespace(root=root, parent=parent, run=run, checkout_before=before,
+                           checkout_after=e2e.checkout_fingerprint())
+
+
+def test_the_demo_works_on_a_copy_and_leaves_the_checkout_as_it_was(site):
+    """scripts/demo then scripts/test, the README's order: the demo must not write into the
+    checkout (examples/ above all: the golden render test renders it)."""
+    assert "copied examples/ to %s" % site.root in site.run.out
+    assert "The demo's tree is %s" % site.root in site.run.out
+    assert site.checkout_after == site.checkout_before
+    assert os.path.isdir(os.path.join(site.root, "meta-state"))
 
 
 def test_site_applies_the_example_tree(site, moto_endpoint):

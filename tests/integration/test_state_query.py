@@ -27,11 +27,9 @@ BUCKET = "csis-drift-default-bucket"
 
 def _copy_tree(dest: str) -> str:
     src = os.path.join(REPO, "examples")
-    shutil.copytree(src, os.path.join(dest, "examples"), symlinks=True,
-                    ignore=lambda d, names: [n for n in names if os.path.abspath(d) == src
-                                             and n in ("generated", "meta-state", "state")]
-                    + [n for n in names if n in (".terraform", "tfplan")])
-    os.symlink(os.path.join(REPO, "tfmodules"), os.path.join(dest, "tfmodules"))
+    from trees import copy_as_shipped
+
+    copy_as_shipped(src, os.path.join(dest, "examples"))
     root = os.path.join(dest, "examples")
     for rel, old, new in (("cfg/_config.yml", "id: csis-example", "id: %s" % TAG),
                           ("cfg/state-backends.yml", "statefiles/csis-example", "statefiles/%s" % TAG),

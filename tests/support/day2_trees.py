@@ -25,12 +25,9 @@ def make_tree(dest: str, tag: str, storages: List[Dict[str, Any]], instances: Li
               images: Optional[List[Dict[str, Any]]] = None, runtime_patch: Optional[Dict[str, Any]] = None) -> str:
     src = os.path.join(REPO, "examples")
     root = os.path.join(dest, "examples")
-    shutil.copytree(src, root, symlinks=True,
-                    ignore=lambda d, names: [n for n in names if os.path.abspath(d) == src
-                                             and n in ("generated", "meta-state", "state")]
-                    + [n for n in names if n in (".terraform", "tfplan")])
-    if not os.path.exists(os.path.join(dest, "tfmodules")):
-        os.symlink(os.path.join(REPO, "tfmodules"), os.path.join(dest, "tfmodules"))
+    from trees import copy_as_shipped
+
+    copy_as_shipped(src, root)
     for rel, old, new in (("cfg/_config.yml", "id: csis-example", "id: %s" % tag),
                           ("cfg/state-backends.yml", "statefiles/csis-example", "statefiles/%s" % tag),
                           ("cfg/storage-builders.yml", "csis-example-default-bucket", "%s-default" % tag)):

@@ -45,11 +45,10 @@ def copy_example_tree(parent: str, name: str = "examples") -> str:
     The example's ``module_source_base`` is ``../tfmodules``: ``<parent>/tfmodules``
     becomes a symlink to the collection's modules.
     """
+    from trees import copy_as_shipped
+
     dst = os.path.join(parent, name)
-    shutil.copytree(EXAMPLES, dst, ignore=lambda d, names: [n for n in names if d == EXAMPLES and n in RUN_OUTPUTS])
-    link = os.path.join(parent, "tfmodules")
-    if not os.path.lexists(link):
-        os.symlink(TFMODULES, link)
+    copy_as_shipped(EXAMPLES, dst)
     return dst
 
 
@@ -170,6 +169,37 @@ def run_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str
         with open(log, "w", encoding="utf-8") as fh:
             fh.write(out)
     return Run(argv, proc.returncode, out, time.monotonic() - t0)
+
+
+def run_demo(demo_dir: str, endpoint_env: Mapping[str, str], aws_dir: str, timeout: float = 1800,
+             log: Optional[str] = None) -> Run:
+    """The README's ``scripts/demo``, as a user runs it, with its copy of the example tree in
+    ``demo_dir`` and the local endpoint whose bookkeeping is ``aws_dir`` (the test session's
+    server: ``local-aws up`` re-uses a running one)."""
+    argv = [os.path.join(REPO, "scripts", "demo")]
+    extra = {"CSIS_DEMO_DIR": demo_dir, "CSIS_LOCAL_AWS_DIR": aws_dir}
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=run_env(endpoint_env, extra), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    out = proc.stdout.decode("utf-8", "replace")
+    if log:
+        with open(log, "w", encoding="utf-8") as fh:
+            fh.write(out)
+    return Run(argv, proc.returncode, out, time.monotonic() - t0)
+
+
+def checkout_fingerprint() -> Dict[str, Any]:
+    """What a run must never change in the checkout: ``git status`` (tracked and untracked,
+    not ignored) and every file under ``examples/``, ignored ones included."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                            capture_output=True, text=True, check=False).stdout
+    files: Dict[str, str] = {}
+    for dirpath, _dirs, names in os.walk(EXAMPLES):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            with open(p, "rb") as fh:
+                files[os.path.relpath(p, REPO)] = hashlib.sha256(fh.read()).hexdigest()
+    return {"git_status": sorted(status.splitlines()), "examples": files}
 
 
 def start_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str], log: str, *,

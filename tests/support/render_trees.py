@@ -29,11 +29,13 @@ NASTY = 'say "hi" \\ back\\slash ${not_interp} %{ if x }directive%{ endif } $${x
 def copy_tree(name: str, dest_parent: str, target_name: Optional[str] = None) -> str:
     """Copy tree ``name`` to ``dest_parent/<target_name or name>`` (without any ``generated/``
     or run output) and link ``dest_parent/tfmodules``; return the copy's path."""
+    from trees import copy_as_shipped
+
     dest = os.path.join(dest_parent, target_name or name)
-    shutil.copytree(TREES[name], dest, ignore=shutil.ignore_patterns("generated", "state", ".terraform", "README.md"))
-    link = os.path.join(dest_parent, "tfmodules")
-    if not os.path.lexists(link):
-        os.symlink(os.path.join(REPO_ROOT, "tfmodules"), link)
+    copy_as_shipped(TREES[name], dest, keep_meta_state=(name != "examples"))
+    for readme in (os.path.join(dest, "README.md"),):
+        if os.path.exists(readme):
+            os.remove(readme)
     return dest
 
 

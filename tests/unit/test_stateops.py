@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+from trees import copy_as_shipped
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import stateops as so
 from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
@@ -35,7 +36,7 @@ def fake(**handlers):
 @pytest.fixture()
 def root(tmp_path):
     dest = str(tmp_path / "tree")
-    shutil.copytree(EXAMPLES, dest, ignore=shutil.ignore_patterns("generated", "meta-state", "state"))
+    copy_as_shipped(EXAMPLES, dest, link_tfmodules=False)
     with MetaState(dest).transaction("test") as txn:
         txn.save("storage-state.yaml", {"storages": {"mnt_data": {
             "state": "active", "generation": 1, "history": [],
