@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
 """Gate on large plans: time csis.infra's gate evaluation over synthetic plan JSON.
@@ -21,7 +20,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), ".venv", "collections"))
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.gate import evaluate_plan  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import evaluate_plan  # noqa: E402
 
 ACTIONS = [["create"], ["update"], ["delete", "create"], ["create", "delete"], ["delete"], ["read"], ["no-op"]]
 
@@ -54,8 +53,8 @@ def main() -> int:
         t1 = time.perf_counter()
         verdict = evaluate_plan(plan, allow)
         t2 = time.perf_counter()
-        print("%10d %12.3f %12.3f %10d %10d" % (n, t1 - t0, t2 - t1, verdict.destroys if hasattr(verdict, "destroys") else -1,
-                                               len(getattr(verdict, "violations", []))))
+        destroys = verdict.destroys if hasattr(verdict, "destroys") else -1
+        print("%10d %12.3f %12.3f %10d %10d" % (n, t1 - t0, t2 - t1, destroys, len(getattr(verdict, "violations", []))))
     return 0
 
 

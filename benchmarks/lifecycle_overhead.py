@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 import e2e  # noqa: E402
 import local_aws  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env  # noqa: E402
 
 EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
 
@@ -74,7 +74,7 @@ def slowest_tasks(out: str, n: int = 6) -> List[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--keep", help="work in this directory and keep it (default: a temporary one, removed)")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="csis-lifecycle-bench-")
@@ -104,14 +104,14 @@ def main() -> int:
                 open(path, "w", encoding="utf-8").write(text)
         tf_env = terraform_env(e2e.run_env(ep_env))
         b = bare(dst, tf_env)
-        rows.append(("bare, create", sum(s for _, s in b), ", ".join("%s %.1fs" % x for x in b)))
+        rows.append(("bare, create", sum(s for _step, s in b), ", ".join("%s %.1fs" % x for x in b)))
 
         run2 = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "noop.log"))
         if run2.rc != 0:
             raise SystemExit("playbook re-run failed:\n" + run2.tail())
         rows.append(("playbook, no-op", run2.seconds, "; ".join(slowest_tasks(run2.out, 4))))
         b2 = bare(dst, tf_env)
-        rows.append(("bare, no-op", sum(s for _, s in b2), ", ".join("%s %.1fs" % x for x in b2)))
+        rows.append(("bare, no-op", sum(s for _step, s in b2), ", ".join("%s %.1fs" % x for x in b2)))
     finally:
         la.stop()
         if not args.keep:
@@ -121,7 +121,7 @@ def main() -> int:
     print("|---|---:|---|")
     for name, secs, note in rows:
         print("| %s | %.1f | %s |" % (name, secs, note))
-    t = {name: secs for name, secs, _ in rows}
+    t = {name: secs for name, secs, _note in rows}
     for kind in ("create", "no-op"):
         over = t["playbook, %s" % kind] - t["bare, %s" % kind]
         print("overhead (%s): %.1f s (%.1fx the bare terraform commands)"

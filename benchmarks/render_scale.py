@@ -4,7 +4,7 @@
 one S3 storage, rendered for the identity, storage and instance-image lifecycles.
 
 Per size it times
-  * plan     -- ``render.plan_roots`` alone (load + validate excluded), pure Python;
+  * plan     -- ``plan_roots`` alone (load + validate excluded), pure Python;
   * generate -- ``service.render(prepare=False)`` into a fresh directory: load, validate,
                 plan, fmt the texts and write the roots (no init/validate);
   * cold     -- ``service.render(prepare=True)`` into a fresh directory: the above plus
@@ -31,8 +31,10 @@ sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
 
 import yaml  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import render, service  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline as service  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import RenderOptions  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.roots import plan_roots  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate  # noqa: E402
 
 LIFECYCLES = ["identity", "storage", "instance-image"]
 
@@ -96,12 +98,12 @@ def plan_only(root: str) -> float:
     tree, meta = load_and_validate(root)
     t0 = time.perf_counter()
     for lc in LIFECYCLES:
-        render.plan_roots(tree, meta, lc, render.RenderOptions())
+        plan_roots(tree, meta, lc, RenderOptions())
     return time.perf_counter() - t0
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--sizes", default="1,10,100,1000")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--profile", action="store_true")
@@ -121,7 +123,7 @@ def main() -> int:
             shutil.copytree(src, cold_root)
             t_cold = timed(service.render, cold_root, LIFECYCLES, prepare=True, workers=args.workers)
             t_warm = timed(service.render, cold_root, LIFECYCLES, prepare=True, workers=args.workers)
-            files = sum(len(fs) for _, _, fs in os.walk(os.path.join(gen_root, "generated")))
+            files = sum(len(fs) for _dir, _subdirs, fs in os.walk(os.path.join(gen_root, "generated")))
             rows.append((n, files, t_plan, t_gen, t_cold, t_warm))
             print("%5d instances: plan %.3fs  generate %.3fs  cold %.2fs  warm %.2fs" % (n, t_plan, t_gen, t_cold, t_warm),
                   file=sys.stderr)

@@ -110,9 +110,73 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoEndp
 SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
 
 
+# -- order: the heaviest end-to-end files first ------------------------------------------
+# scripts/test runs `pytest -n 2 --dist loadfile`: xdist hands out whole files, a new one
+# to a worker when at most 2 of its tests are left. Left alone it sorts the files by
+# their number of tests (--loadscope-reorder, on by default), which puts the many-test
+# unit files first and the few-test, minutes-long end-to-end files last: one worker is
+# still in test_lifecycle_e2e.py long after the other ran out of work. Heaviest first
+# (longest-processing-time first) lets the short files fill both workers at the end.
+#
+# Estimated from what each file runs (playbook runs over the example tree, terraform
+# applies; every S3 lifecycle configuration costs the provider's 55 s wait), heaviest
+# first. Files not listed follow, most tests first (xdist's own default order). Refine
+# with `pytest --durations=0 <file>` when a file's weight changes.
+HEAVIEST_FIRST = (
+    "tests/integration/test_lifecycle_e2e.py",
+    "tests/integration/test_day2_instances.py",
+    "tests/integration/test_day2_storage.py",
+    "tests/integration/test_day2_ephemeral.py",
+    "tests/integration/test_awx_runner.py",
+    "tests/integration/test_molecule.py",
+    "tests/integration/test_tfmodules_moto.py",
+    "tests/integration/test_state_query.py",
+    "tests/integration/test_gate_real_plan.py",
+    "tests/integration/test_render_roots.py",
+    "tests/integration/test_validate_playbook.py",
+    "tests/integration/test_day2_validate.py",
+    "tests/integration/test_verify_playbook.py",
+    "tests/integration/test_action_group.py",
+)
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list) -> None:
+    """Files in HEAVIEST_FIRST order, then the others by number of tests (descending);
+    the order inside a file is kept. Deterministic, so every xdist worker collects the
+    same list (xdist requires it). --ff / --nf keep their own order."""
+    if config.getoption("failedfirst", False) or config.getoption("newfirst", False):
+        return
+    rank = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
+    counts: Dict[str, int] = {}
+    first_seen: Dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = _file_of(item)
+        counts[path] = counts.get(path, 0) + 1
+        first_seen.setdefault(path, i)
+
+    def key(indexed: Any) -> Any:
+        i, item = indexed
+        path = _file_of(item)
+        if path in rank:
+            return (0, rank[path], 0, i)
+        return (1, 0, -counts[path], first_seen[path], i)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, start one moto server in the controller for all workers (the workers
     inherit its directory through the environment); it stops with the controller."""
+    # keep the file order of pytest_collection_modifyitems: xdist's default re-sorts the
+    # files of --dist loadfile/loadscope by their number of tests
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SHARED_MOTO_ENV):
         return
     if not getattr(config.option, "numprocesses", None):
@@ -138,7 +202,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def tf_env() -> Dict[str, str]:
-    from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env
+    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
 
     env = terraform_env()
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):

@@ -8,7 +8,7 @@ name: meta_state
 short_description: Launched csis.infra instances as an inventory, read from the meta-state records
 version_added: 0.1.0
 author:
-  - csis.infra contributors
+  - csis.infra maintainers (@csis-infra)
 description:
   - Lists the instances csis.infra has launched, as recorded in the meta-state of a
     configuration root (C(<config root>/meta-state/)), and makes them usable as
@@ -39,7 +39,7 @@ description:
     become C(_))."
   - "Caching follows the standard inventory cache: with O(cache=true) the records are
     read from the cache plugin until O(cache_timeout) expires, even if meta-state
-    changed meanwhile. Use C(--flush-cache) (or O(refresh_inventory) in a play) after a
+    changed meanwhile. Use C(--flush-cache) (or C(ansible.builtin.meta: refresh_inventory) in a play) after a
     lifecycle run to see new instances at once. A cache entry made for another
     O(config_root) is ignored."
 extends_documentation_fragment:
@@ -122,6 +122,7 @@ EXAMPLES = r"""
 plugin: csis.infra.meta_state
 config_root: .
 
+---
 # hosts.csis.yml: reach hosts over SSM, name them by alias, extra groups, cached
 plugin: csis.infra.meta_state
 config_root: ../config
@@ -150,7 +151,7 @@ from ansible.errors import AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import (
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (
     META_STATE_DIR, MetaState, MetaStateError, launched_instances)
 
 _CACHE_FORMAT = 1

@@ -11,7 +11,7 @@ module: csis_apply_check
 short_description: Re-read the apply flags at execution time and refuse an apply they do not allow now
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Run just before an apply. Reads C(cfg/_config.yml) and each overlay's C(config:) mapping as
     they are now (plain YAML, no model; overlays in order, later wins) and fails unless the
@@ -27,6 +27,10 @@ description:
     C(apply-check: overlay <path> is gone; refusing to apply),
     C(apply_<lc> is <value> NOW in <file> for root '<B>' -- not applying.) where C(<file>) is the
     file the effective value came from (the overlay when an overlay set it).
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   lifecycle:
     description: The lifecycle whose flag decides.
@@ -68,11 +72,11 @@ seealso:
     description: Binds the plan file to the root's content.
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
+    details: No side effects; check mode runs the same check.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
+    support: N/A
+    details: This action does not modify state.
 '''
 
 EXAMPLES = r'''
@@ -114,15 +118,13 @@ files_read:
   elements: str
 '''
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.applycheck import (
-    ApplyCheckRefused, check_apply,
-)
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.applycheck import check_apply
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
 
 
 def main():
-    module = AnsibleModule(
+    module = csis_module(
         argument_spec=dict(
             lifecycle=dict(type='str', required=True, choices=['identity', 'storage', 'instance-image', 'instances']),
             config_root=dict(type='path'),
@@ -132,6 +134,7 @@ def main():
             overlays=dict(type='list', elements='path', default=[]),
             apply_runtime=dict(type='str'),
         ),
+        requires=("PyYAML",),
         supports_check_mode=True,
     )
     p = module.params
@@ -139,8 +142,8 @@ def main():
         result = check_apply(p['lifecycle'], root=p['root'], root_alias=p['root_alias'],
                              overlays=p['overlays'], apply_runtime=p['apply_runtime'],
                              config_root=p['config_root'], search_from=p['search_from'])
-    except ApplyCheckRefused as exc:
-        module.fail_json(msg=str(exc), changed=False, allowed=False)
+    except CsisError as exc:
+        fail_from(module, exc, changed=False, allowed=False)
     result['changed'] = False
     module.exit_json(**result)
 

@@ -18,9 +18,15 @@ description:
     the endpoint, or whose existence cannot be checked (endpoint down, permission refused), unless I(confirm) is true.
   - Terraform state is not touched.
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - pydantic >= 2.7 (the configuration models)
+  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
   - csis.infra.config
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   instance:
     description: The instance to forget. Exactly one of I(instance) and I(storage).
@@ -38,6 +44,7 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Reports what it would forget; writes nothing.
   diff_mode:
     support: none
 """
@@ -56,19 +63,16 @@ result:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaStateError
-from ansible_collections.csis.infra.plugins.module_utils.csis.stateops import StateOpError, forget_instance, forget_storage
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import forget_instance, forget_storage
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(config_root=dict(type="path", required=True),
-                           overlays=dict(type="list", elements="path", default=[]),
-                           instance=dict(type="str"), storage=dict(type="str"),
-                           confirm=dict(type="bool", default=False), run=dict(type="str")),
+    module = csis_module(
+        argument_spec=argument_spec(CONFIG_ARGS, instance=dict(type="str"), storage=dict(type="str"),
+                                    confirm=dict(type="bool", default=False), run=dict(type="str")),
+        requires=("PyYAML", "pydantic"),
         required_one_of=[("instance", "storage")],
         mutually_exclusive=[("instance", "storage")],
         supports_check_mode=True,
@@ -78,10 +82,8 @@ def main():
     try:
         res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"],
                  check=module.check_mode)
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc), problems=[str(x) for x in exc.problems])
-    except (StateOpError, MetaStateError) as exc:
-        module.fail_json(msg=str(exc))
+    except CsisError as exc:
+        fail_from(module, exc)
     module.exit_json(changed=bool(res["written"]) or module.check_mode, result=res)
 
 

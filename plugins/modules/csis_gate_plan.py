@@ -11,7 +11,7 @@ module: csis_gate_plan
 short_description: Refuse a terraform plan that destroys what nobody sanctioned, or that is stale
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Reads a saved plan as JSON (C(<binary_path> show -json <plan_file>) run in O(project_path)
     with the collection's terraform CLI configuration) and classifies every resource change.
@@ -33,6 +33,9 @@ description:
   - When the plan passes, the module records the plan file's sha256 and its verdict in the
     binding, for O(csis.infra.csis_plan_binding#module:state=verified) to check just before
     the apply. A refusal clears any earlier gate record.
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
 options:
   project_path:
     description:
@@ -89,11 +92,10 @@ seealso:
     description: Re-reads the apply flags just before the apply.
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
+    details: Shows the classified changes of the plan.
 '''
 
 EXAMPLES = r'''
@@ -184,15 +186,13 @@ plan_digest:
   type: str
 '''
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.gate import (
-    GateError, GateRefused, run_gate,
-)
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError, GateRefused
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
 
 
 def main():
-    module = AnsibleModule(
+    module = csis_module(
         argument_spec=dict(
             project_path=dict(type='path'),
             plan_file=dict(type='path'),
@@ -217,13 +217,11 @@ def main():
             check_mode=module.check_mode,
         )
     except GateRefused as exc:
-        res = dict(exc.result)
-        res.pop('diff', None)
-        res['changed'] = False
-        res['violations'] = exc.messages
-        module.fail_json(msg="\n".join(exc.messages), **res)
-    except GateError as exc:
-        module.fail_json(msg="gate: %s" % exc, changed=False, violations=[])
+        found = dict(exc.result, changed=False, violations=exc.messages)
+        found.pop('diff', None)
+        fail_from(module, exc, problems_key=None, **found)
+    except CsisError as exc:
+        fail_from(module, exc, prefix="gate: ", changed=False, violations=[])
     diff = result.pop('diff', None)
     result['violations'] = []
     if module._diff and diff is not None:

@@ -11,7 +11,7 @@ module: csis_plan_binding
 short_description: Bind a terraform plan file to the content of the root it was planned from
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Keeps C(<plan_file>.csis-binding.json) next to the plan file, so that only a plan made from
     the root as it is now, and passed by M(csis.infra.csis_gate_plan), can be applied.
@@ -27,6 +27,9 @@ description:
     V(verified), run just before C(terraform apply <plan_file>), fails with C(STALE PLANFILE: ...)
     unless the plan file exists, the gate passed it, its bytes are the ones the gate read, and
     the root's files are the ones recorded at the opening (the changed files are named).
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
 options:
   project_path:
     description: The terraform root.
@@ -52,10 +55,9 @@ seealso:
     description: Refuses unsanctioned destroys and stale plans.
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
+    details: V(opened) writes and removes nothing and reports what it would do.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 '''
 
@@ -124,15 +126,13 @@ summary:
   type: str
 '''
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.gate import (
-    GateError, GateRefused, open_binding, verify_binding,
-)
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.binding import open_binding, verify_binding
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError, GateRefused
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
 
 
 def main():
-    module = AnsibleModule(
+    module = csis_module(
         argument_spec=dict(
             project_path=dict(type='path', required=True),
             plan_file=dict(type='path', default='tfplan'),
@@ -147,9 +147,9 @@ def main():
         else:
             result = verify_binding(p['project_path'], p['plan_file'])
     except GateRefused as exc:
-        module.fail_json(msg="\n".join(exc.messages), changed=False, violations=exc.messages)
-    except (GateError, OSError) as exc:
-        module.fail_json(msg="plan binding: %s" % exc, changed=False)
+        fail_from(module, exc, problems_key="violations", changed=False)
+    except (CsisError, OSError) as exc:
+        fail_from(module, exc, prefix="plan binding: ", changed=False)
     module.exit_json(**result)
 
 

@@ -19,7 +19,11 @@ description:
   - Every write is atomic and taken under the meta-state lock.
   - Run it only after an apply that happened (the C(csis.infra.tofu_root) role does).
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   config_root:
     description: The configuration root.
@@ -70,20 +74,20 @@ instances:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaStateError
-from ansible_collections.csis.infra.plugins.module_utils.csis.record import RecordError, record_root
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_root
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
+    module = csis_module(
+        argument_spec=argument_spec(
+            CONFIG_ROOT_ARGS,
             root=dict(type="dict", required=True),
             run_id=dict(type="str", required=True),
             done_transitions=dict(type="list", elements="dict", default=[]),
         ),
+        requires=("PyYAML",),
         supports_check_mode=True,
     )
     if module.check_mode:
@@ -91,8 +95,8 @@ def main():
     p = module.params
     try:
         out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"])
-    except (RecordError, MetaStateError) as exc:
-        module.fail_json(msg=str(exc))
+    except CsisError as exc:
+        fail_from(module, exc)
     changed = bool(out.get("written"))
     module.exit_json(changed=changed, **out)
 

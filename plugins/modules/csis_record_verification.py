@@ -10,7 +10,7 @@ module: csis_record_verification
 short_description: Check an instance's booted AMI from EC2 and record its verification verdict
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Runs on the controller after M(csis.infra.csis_verify_instance) ran on the machine.
     Reads the machine's booted AMI from EC2 by the instance id recorded in
@@ -22,6 +22,13 @@ description:
   - >-
     Does not fail on a failed verdict unless O(fail_on_failure); the verdict's C(message)
     is the manual's C(instance <name> failed verification: <check>: <detail>).
+requirements:
+  - boto3 >= 1.34 (the AWS calls)
+extends_documentation_fragment:
+  - csis.infra.aws
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   config_root:
     description: The configuration root.
@@ -37,10 +44,6 @@ options:
   error:
     description: Why the machine could not be checked (unreachable, module failure); recorded as a failed check.
     type: str
-  aws:
-    description: How boto3 reaches the runtime (the rendered root's C(aws)).
-    type: dict
-    default: {}
   runtime:
     description: The runtime's name (recorded).
     type: str
@@ -73,6 +76,8 @@ attributes:
   check_mode:
     support: full
     details: Reads EC2; records nothing.
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""
@@ -101,21 +106,20 @@ message:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState, MetaStateError
-from ansible_collections.csis.infra.plugins.module_utils.csis.record import record_verification
-from ansible_collections.csis.infra.plugins.module_utils.csis.verify import booted_image_check, combine, failure_message
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_verification
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import booted_image_check, combine, failure_message
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
+    module = csis_module(
+        argument_spec=argument_spec(
+            CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS,
             instance=dict(type="str", required=True),
             on_machine=dict(type="dict"),
             error=dict(type="str"),
-            aws=dict(type="dict", default={}),
             runtime=dict(type="str"),
             expected_build=dict(type="str"),
             name_pattern=dict(type="str"),
@@ -125,6 +129,7 @@ def main():
             record=dict(type="bool", default=True),
             fail_on_failure=dict(type="bool", default=False),
         ),
+        requires=("PyYAML",),
         supports_check_mode=True,
     )
     p = module.params
@@ -132,12 +137,12 @@ def main():
     try:
         cur = ((ms.load("instance-state.yaml").get("instances") or {}).get(p["instance"]) or {}).get("current") or {}
         pin = (ms.load("pins.yaml").get("instances") or {}).get(p["instance"])
-    except MetaStateError as exc:
-        module.fail_json(msg=str(exc))
-    expected = p["expected_build"] or pin
-    booted = None
-    if p["check_booted_image"]:
-        booted = booted_image_check(p["aws"], cur.get("instance_id"), expected, p["name_pattern"])
+        expected = p["expected_build"] or pin
+        booted = None
+        if p["check_booted_image"]:
+            booted = booted_image_check(p["aws"], cur.get("instance_id"), expected, p["name_pattern"])
+    except CsisError as exc:
+        fail_from(module, exc)
     verdict = combine(p["instance"], p["on_machine"], booted, runtime=p["runtime"],
                       build=expected or (booted or {}).get("booted"), run=p["run_id"], ephemeral=p["ephemeral"],
                       error=p["error"])
@@ -145,8 +150,8 @@ def main():
     if p["record"] and not module.check_mode:
         try:
             written = record_verification(p["config_root"], verdict)
-        except MetaStateError as exc:
-            module.fail_json(msg=str(exc), verdict=verdict)
+        except CsisError as exc:
+            fail_from(module, exc, verdict=verdict)
     message = "" if verdict["ok"] else failure_message(verdict)
     if p["fail_on_failure"] and not verdict["ok"]:
         module.fail_json(msg=message, verdict=verdict, ok=False, message=message, written=written)

@@ -21,9 +21,14 @@ description:
   - Returns, per root, what the playbooks need to plan, gate and apply it.
   - Writes no meta-state; recording happens only after an apply (M(csis.infra.csis_record)).
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - pydantic >= 2.7 (the configuration models)
 extends_documentation_fragment:
   - csis.infra.config
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   lifecycle:
     description: The lifecycles to render, in order.
@@ -95,26 +100,123 @@ EXAMPLES = r"""
 
 RETURN = r"""
 roots:
-  description: One entry per rendered root.
+  description: One entry per rendered root, with what the playbooks need to plan, gate and apply it.
   returned: success
   type: list
   elements: dict
   contains:
-    directory: {description: Absolute path of the root., type: str}
-    lifecycle: {description: The lifecycle., type: str}
-    builder: {description: The builder (terraform workspace)., type: str}
-    runtime: {description: The builder's runtime., type: str}
-    backend_file: {description: The partial backend file name, or null without state backends., type: str}
-    binary: {description: The terraform/tofu binary of the builder's executable., type: str}
-    may_apply: {description: Whether the lifecycle's apply flag allows this root (narrowed by apply_runtime)., type: bool}
-    allow_destroy: {description: The destroy whitelist for the gate., type: list, elements: str}
-    replace: {description: Addresses to plan with -replace., type: list, elements: str}
-    require_unmounted: {description: "C(instance:storage) pairs that need an unmount receipt.", type: list, elements: str}
-    transitions_before: {description: Storage transitions to run after the gate and before the apply., type: list, elements: dict}
-    transitions_after: {description: Storage transitions to run after a successful apply., type: list, elements: dict}
-    instances: {description: Instances of the root with their launch parameters., type: dict}
-    storages: {description: Storages of the root with their requested and recorded states., type: dict}
-    changed: {description: Whether this root's files changed., type: bool}
+    key:
+      description: C(<lifecycle>-<builder>), unique within a run.
+      type: str
+    directory:
+      description: Absolute path of the root.
+      type: str
+    lifecycle:
+      description: The lifecycle.
+      type: str
+    builder:
+      description: The builder (terraform workspace).
+      type: str
+    builder_type:
+      description: The builder's type.
+      type: str
+    runtime:
+      description: The builder's runtime.
+      type: str
+    backend_file:
+      description: The partial backend file name, or null without state backends.
+      type: str
+    backend_type:
+      description: The state backend's type (for example C(s3) or C(local)), or null without state backends.
+      type: str
+    binary:
+      description: The terraform/tofu binary of the builder's executable.
+      type: str
+    binary_path:
+      description: The binary as found on C(PATH) (its name when it is not found).
+      type: str
+    may_apply:
+      description: Whether the lifecycle's apply flag allows this root (narrowed by O(apply_runtime)).
+      type: bool
+    allow_destroy:
+      description: The destroy whitelist for the gate.
+      type: list
+      elements: str
+    replace:
+      description: Addresses to plan with C(-replace).
+      type: list
+      elements: str
+    require_unmounted:
+      description: C(instance:storage) pairs that need an unmount receipt.
+      type: list
+      elements: str
+    unmounts:
+      description: The unmounts to run before the plan (C(instance), C(storage), C(mount_point), C(type)).
+      type: list
+      elements: dict
+    transitions_before:
+      description: Storage transitions to run after the gate and before the apply.
+      type: list
+      elements: dict
+    transitions_after:
+      description: Storage transitions to run after a successful apply.
+      type: list
+      elements: dict
+    instances:
+      description: Instances of the root with their launch parameters.
+      type: dict
+    storages:
+      description: Storages of the root with their requested and recorded states.
+      type: dict
+    ephemeral:
+      description: The root's ephemeral instances (verified, then torn down through a second gate).
+      type: list
+      elements: str
+    decommission:
+      description: Recorded instances of the root that are no longer declared (their destroy is whitelisted).
+      type: list
+      elements: str
+    warnings:
+      description: Generation warnings of this root.
+      type: list
+      elements: str
+    files:
+      description: The names of the files csis.infra generated in the root.
+      type: list
+      elements: str
+    aws:
+      description: How boto3 reaches the root's runtime, for the O(csis.infra.csis_unmount#module:aws) option of other modules. No credentials.
+      type: dict
+    changed:
+      description: Whether this root's files changed.
+      type: bool
+    added:
+      description: Files added to the root.
+      type: list
+      elements: str
+    removed:
+      description: Files removed from the root.
+      type: list
+      elements: str
+    modified:
+      description: Files of the root whose content changed.
+      type: list
+      elements: str
+    commands:
+      description:
+        - The terraform commands run to prepare the root (C(fmt), C(init), C(validate)).
+        - Empty when nothing was prepared (check mode, O(prepare=false)).
+      type: list
+      elements: str
+config_root:
+  description: The configuration root, as an absolute path.
+  returned: success
+  type: str
+undeclared:
+  description: The instances treated as undeclared in this run (O(undeclare)).
+  returned: success
+  type: list
+  elements: str
 tf_env:
   description: Environment for terraform tasks (the collection's CLI configuration).
   returned: success
@@ -131,27 +233,25 @@ problems:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.emit import EmitError, unified
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
-from ansible_collections.csis.infra.plugins.module_utils.csis.service import render
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from, problems_message
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.pipeline import render
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.writer import unified
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
+    module = csis_module(
+        argument_spec=argument_spec(
+            CONFIG_ARGS, UNDECLARE_ARGS,
             lifecycle=dict(type="list", elements="str", required=True, choices=["identity", "storage", "instance-image"]),
             dry_run=dict(type="bool", default=True),
             only_runtime=dict(type="str"),
             apply_runtime=dict(type="str"),
-            overlays=dict(type="list", elements="path", default=[]),
-            undeclare=dict(type="list", elements="str", default=[]),
             prepare=dict(type="bool", default=True),
             workers=dict(type="int", default=4),
             series_heads=dict(type="dict", default={}),
         ),
+        requires=("PyYAML", "pydantic"),
         supports_check_mode=True,
     )
     p = module.params
@@ -161,11 +261,9 @@ def main():
                      check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"],
                      series_heads=p["series_heads"])
     except ConfigError as exc:
-        problems = [str(x) for x in exc.problems]
-        module.fail_json(msg="%d problem(s) in %s; nothing was written:\n%s"
-                         % (len(problems), p["config_root"], "\n".join(problems)), problems=problems)
-    except EmitError as exc:
-        module.fail_json(msg=str(exc))
+        fail_from(module, exc, msg=problems_message(exc, p["config_root"], "; nothing was written"))
+    except CsisError as exc:
+        fail_from(module, exc)
     for w in out["warnings"]:
         module.warn(w)
     result = dict(changed=out["changed"], roots=out["roots"], tf_env=out["tf_env"], warnings_list=out["warnings"],

@@ -10,7 +10,7 @@ module: csis_series_heads
 short_description: Resolve the series heads of the images that follow instances run
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - For every image a C(image_policy=follow) instance runs (and the images of O(instances),
     e.g. an explicit upgrade), the newest self-owned AMI whose name starts with the image's
@@ -19,8 +19,14 @@ description:
   - A network call, so it is its own step of the C(csis.infra.render) role; the result is
     passed to M(csis.infra.csis_render) as C(series_heads). Validation never calls it.
   - Makes no call when no instance follows and O(instances) is empty.
+requirements:
+  - pydantic >= 2.7 (the configuration models)
+  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
   - csis.infra.config
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   undeclare:
     description: Instances treated as undeclared for the run.
@@ -36,6 +42,9 @@ attributes:
   check_mode:
     support: full
     details: Read-only.
+  diff_mode:
+    support: N/A
+    details: This action does not modify state.
 """
 
 EXAMPLES = r"""
@@ -53,40 +62,36 @@ series_heads:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.images import series_heads, wanted_series
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError, load_tree
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState, MetaStateError
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import series_heads, wanted_series
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
-            overlays=dict(type="list", elements="path", default=[]),
-            undeclare=dict(type="list", elements="str", default=[]),
-            instances=dict(type="list", elements="str", default=[]),
-        ),
+    module = csis_module(
+        argument_spec=argument_spec(CONFIG_ARGS, UNDECLARE_ARGS, instances=dict(type="list", elements="str", default=[])),
+        requires=("PyYAML", "pydantic"),
         supports_check_mode=True,
     )
     p = module.params
     try:
         tree = load_tree(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
-    except ConfigError as exc:
-        module.fail_json(msg="the configuration does not load (run playbooks/validate.yml):\n%s"
-                         % "\n".join(str(x) for x in exc.problems))
-    try:
         pending = sorted(MetaState(tree.root).load("pins.yaml").get("pending_replacements") or {})
-    except MetaStateError as exc:
-        module.fail_json(msg=str(exc))
+    except ConfigError as exc:
+        fail_from(module, exc, prefix="the configuration does not load (run playbooks/validate.yml):\n", problems_key=None)
+    except CsisError as exc:
+        fail_from(module, exc)
     wanted = list(p["instances"]) + pending
     if not wanted_series(tree, wanted):
         module.exit_json(changed=False, series_heads={})
     try:
         heads = series_heads(tree, wanted)
+    except CsisError as exc:
+        fail_from(module, exc)
     except Exception as exc:  # botocore: endpoint, credentials
-        module.fail_json(msg="series heads: describe_images failed: %s" % exc)
+        fail_from(module, exc, prefix="series heads: describe_images failed: ")
     module.exit_json(changed=False, series_heads=heads)
 
 

@@ -18,9 +18,15 @@ description:
     asked about.
   - Writes through a meta-state transaction; terraform state is not touched.
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - pydantic >= 2.7 (the configuration models)
+  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
   - csis.infra.config
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   storage:
     description: The declared storage to record.
@@ -36,6 +42,7 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Checks the resource and reports what it would record; writes nothing.
   diff_mode:
     support: none
 """
@@ -55,29 +62,24 @@ result:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaStateError
-from ansible_collections.csis.infra.plugins.module_utils.csis.stateops import StateOpError, import_storage
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import import_storage
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(config_root=dict(type="path", required=True),
-                           overlays=dict(type="list", elements="path", default=[]),
-                           storage=dict(type="str", required=True), storage_id=dict(type="str", required=True),
-                           run=dict(type="str")),
+    module = csis_module(
+        argument_spec=argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
+                                    storage_id=dict(type="str", required=True), run=dict(type="str")),
+        requires=("PyYAML", "pydantic"),
         supports_check_mode=True,
     )
     p = module.params
     try:
         res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
                              check=module.check_mode)
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc), problems=[str(x) for x in exc.problems])
-    except (StateOpError, MetaStateError) as exc:
-        module.fail_json(msg=str(exc))
+    except CsisError as exc:
+        fail_from(module, exc)
     module.exit_json(changed=res["changed"], result=res)
 
 

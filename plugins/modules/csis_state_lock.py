@@ -11,7 +11,7 @@ module: csis_state_lock
 short_description: Release an S3 state lock left by a killed run on this machine; refuse any other lock
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - For an initialised root whose backend is C(s3) with C(use_lockfile), reads the lock object
     C(<key>.tflock) from the state bucket.
@@ -23,6 +23,11 @@ description:
     and the module reports C(changed).
   - Any other lock (a live local run, another machine or user) fails with the lock's holder, time,
     operation and ID, and the C(force-unlock) command to use once that run is known to be gone.
+requirements:
+  - boto3 >= 1.34 (the AWS calls)
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
 options:
   project_path:
     description: The terraform root (after C(init)).
@@ -41,10 +46,9 @@ notes:
   - In check mode nothing is released; a stale lock is reported as a change that would be made.
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
+    details: Nothing is released; a stale lock is reported as a change that would be made.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 '''
 
@@ -70,15 +74,13 @@ lock:
   type: dict
 '''
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.statelock import (
-    StateLockError, check_and_release,
-)
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import StateLockError, check_and_release
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
 
 
 def main():
-    module = AnsibleModule(
+    module = csis_module(
         argument_spec=dict(
             project_path=dict(type='path', required=True),
             binary_path=dict(type='str', default='terraform'),
@@ -97,8 +99,8 @@ def main():
                 raise
         else:
             result = check_and_release(p['project_path'], p['binary_path'], release=p['release'])
-    except StateLockError as exc:
-        module.fail_json(msg=str(exc), changed=False)
+    except CsisError as exc:
+        fail_from(module, exc, changed=False)
     if result.get("released"):
         module.warn(result["msg"])
     module.exit_json(**result)

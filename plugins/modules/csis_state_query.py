@@ -21,9 +21,15 @@ description:
     C(csis.infra.render) role); correct the record with the forget or state import playbooks, then query again.
   - Reads meta-state only; never writes it. Credentials come from the environment (or the runtime's profile).
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - pydantic >= 2.7 (the configuration models)
+  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
   - csis.infra.config
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   run:
     description: The run id named in the report (default a UTC timestamp).
@@ -88,34 +94,29 @@ path:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.drift import (
-    DriftError, console_lines, hard_lines, query, report_path, write_report)
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import console_lines, hard_lines, query, report_path, write_report
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(config_root=dict(type="path", required=True),
-                           overlays=dict(type="list", elements="path", default=[]),
-                           run=dict(type="str")),
+    module = csis_module(
+        argument_spec=argument_spec(CONFIG_ARGS, run=dict(type="str")),
+        requires=("PyYAML", "pydantic", "boto3"),
         supports_check_mode=True,
     )
     p = module.params
     try:
         report = query(p["config_root"], overlays=p["overlays"], run=p["run"])
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc), problems=[str(x) for x in exc.problems])
-    except DriftError as exc:
-        module.fail_json(msg=str(exc))
+    except CsisError as exc:
+        fail_from(module, exc)
     changed = False
     path = report_path(p["config_root"])
     if not module.check_mode:
         try:
             path, changed = write_report(p["config_root"], report)
         except OSError as exc:
-            module.fail_json(msg="cannot write %s: %s" % (path, exc))
+            fail_from(module, exc, prefix="cannot write %s: " % path)
     module.exit_json(changed=changed, report=report, drift=report["drift"], unavailable=report["unavailable"],
                      notes=report["notes"], summary=report["summary"], hard=hard_lines(report),
                      lines=console_lines(report), path=path)

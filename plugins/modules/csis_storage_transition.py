@@ -19,12 +19,13 @@ description:
     M(csis.infra.csis_apply_check) allowed the apply in the same run.
   - Uses boto3 with the root's runtime (region, profile, endpoints); credentials come from the environment.
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - boto3 >= 1.34 (the AWS calls)
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
   root:
     description: The root (an entry of M(csis.infra.csis_render)'s C(roots)).
     type: dict
@@ -33,11 +34,6 @@ options:
     description: One entry of the root's C(transitions_before) or C(transitions_after).
     type: dict
     required: true
-  when_phase:
-    description: Whether the step runs before or after the apply (for messages).
-    type: str
-    choices: [before, after]
-    default: before
 attributes:
   check_mode:
     support: full
@@ -49,7 +45,6 @@ attributes:
 EXAMPLES = r"""
 - name: Archive snapshot before the volume's whitelisted destroy
   csis.infra.csis_storage_transition:
-    config_root: "{{ csis_root }}"
     root: "{{ root }}"
     transition: {storage: mnt_data, action: snapshot, snapshot_name: csis-mnt-data-archive}
 """
@@ -61,18 +56,16 @@ result:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.transitions import TransitionError, run_transition
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import run_transition
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
 
 
 def main():
-    module = AnsibleModule(
+    module = csis_module(
         argument_spec=dict(
-            config_root=dict(type="path", required=True),
             root=dict(type="dict", required=True),
             transition=dict(type="dict", required=True),
-            when_phase=dict(type="str", choices=["before", "after"], default="before"),
         ),
         supports_check_mode=True,
     )
@@ -81,8 +74,8 @@ def main():
         module.exit_json(changed=t.get("action") != "record", result={"would": t})
     try:
         res = run_transition(module.params["root"], t)
-    except TransitionError as exc:
-        module.fail_json(msg=str(exc))
+    except CsisError as exc:
+        fail_from(module, exc)
     module.exit_json(changed=not res.get("noop") and not res.get("absent"), result=res)
 
 

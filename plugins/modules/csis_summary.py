@@ -15,15 +15,22 @@ description:
     meta-state records as active with their lifecycle rules and tags.
   - Read-only. Credentials come from the environment (or the runtime's profile).
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - pydantic >= 2.7 (the configuration models)
+  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
   - csis.infra.config
-options:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 attributes:
   check_mode:
     support: full
+    details: Read-only.
   diff_mode:
-    support: none
+    support: N/A
+    details: This action does not modify state.
 """
 
 EXAMPLES = r"""
@@ -45,30 +52,27 @@ lines:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import read_meta
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError, load_tree
-from ansible_collections.csis.infra.plugins.module_utils.csis.reality import summarize, summary_lines
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import read_meta
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.readback import summarize, summary_lines
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(config_root=dict(type="path", required=True),
-                           overlays=dict(type="list", elements="path", default=[])),
-        supports_check_mode=True,
-    )
+    module = csis_module(argument_spec=argument_spec(CONFIG_ARGS), requires=("PyYAML", "pydantic", "boto3"),
+                         supports_check_mode=True)
     try:
         tree = load_tree(module.params["config_root"], overlays=module.params["overlays"])
-    except ConfigError as exc:
-        module.fail_json(msg=str(exc), problems=[str(p) for p in exc.problems])
+    except CsisError as exc:
+        fail_from(module, exc)
     meta, problems = read_meta(tree.root)
     if problems:
         module.fail_json(msg="\n".join(str(p) for p in problems))
     try:
         s = summarize(tree, meta)
     except Exception as exc:  # noqa: BLE001 - a transport or permission error, named
-        module.fail_json(msg="could not read the endpoint: %s" % exc)
+        fail_from(module, exc, prefix="could not read the endpoint: ")
     module.exit_json(changed=False, summary=s, lines=summary_lines(s))
 
 

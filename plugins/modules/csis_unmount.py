@@ -10,7 +10,7 @@ module: csis_unmount
 short_description: Unmount a detached storage from a launched instance and write the unmount receipt
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Runs the unmount of O(mount_point) on the machine over the runtime's session mechanism
     (SSM C(AWS-RunShellScript) through boto3, with the runtime's region, profile and endpoint),
@@ -25,6 +25,13 @@ description:
     C(time) after the plan binding was opened.
   - With O(confirm) the operator's word is recorded (C(method=operator-confirmation)) without
     any remote call, for a machine that is gone or a storage that was never mounted.
+requirements:
+  - boto3 >= 1.34 (the AWS calls)
+extends_documentation_fragment:
+  - csis.infra.aws
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   config_root:
     description: The configuration root (its meta-state holds the instance id).
@@ -46,12 +53,6 @@ options:
     description: "Where the receipt is written (the root's C(unmount-receipts/))."
     type: path
     required: true
-  aws:
-    description:
-      - How boto3 reaches the runtime (C(region), C(profile), C(endpoints), C(session_mechanism)),
-        the C(aws) entry of a rendered root. Credentials come from the environment.
-    type: dict
-    default: {}
   runtime:
     description: The runtime's name, recorded in the receipt.
     type: str
@@ -77,6 +78,8 @@ attributes:
   check_mode:
     support: full
     details: Reports what it would do; runs nothing remotely and writes no receipt.
+  diff_mode:
+    support: none
 notes:
   - The local AWS endpoint (moto) answers C(send_command) with C(Success) without running
     anything; tests prove the receipt path with it and with O(confirm).
@@ -110,20 +113,19 @@ receipt:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.unmount import UnmountError, receipt_path, unmount
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.unmount import unmount, unmount_receipt_path
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
+    module = csis_module(
+        argument_spec=argument_spec(
+            CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS,
             instance=dict(type="str", required=True),
             storage=dict(type="str", required=True),
             mount_point=dict(type="str", required=True),
             receipts_dir=dict(type="path", required=True),
-            aws=dict(type="dict", default={}),
             runtime=dict(type="str"),
             confirm=dict(type="bool", default=False),
             confirmed_by=dict(type="str"),
@@ -131,21 +133,19 @@ def main():
             timeout=dict(type="int", default=300),
             run_id=dict(type="str"),
         ),
+        requires=("PyYAML",),
         supports_check_mode=True,
     )
     p = module.params
-    if module.check_mode:
-        try:
-            path = receipt_path(p["receipts_dir"], p["instance"], p["storage"])
-        except UnmountError as exc:
-            module.fail_json(msg=str(exc))
-        module.exit_json(changed=True, receipt={"path": path, "would": "confirm" if p["confirm"] else "session"})
     try:
+        path = unmount_receipt_path(p["receipts_dir"], p["instance"], p["storage"])
+        if module.check_mode:
+            module.exit_json(changed=True, receipt={"path": path, "would": "confirm" if p["confirm"] else "session"})
         receipt = unmount(p["config_root"], p["instance"], p["storage"], p["mount_point"], p["receipts_dir"],
                           access=p["aws"], runtime=p["runtime"], confirm=p["confirm"], confirmed_by=p["confirmed_by"],
                           force=p["force"], timeout=p["timeout"], run_id=p["run_id"])
-    except UnmountError as exc:
-        module.fail_json(msg="unmount: %s" % exc)
+    except CsisError as exc:
+        fail_from(module, exc, prefix="" if module.check_mode else "unmount: ")
     module.exit_json(changed=True, receipt=receipt)
 
 

@@ -10,7 +10,7 @@ module: csis_upgrade
 short_description: Leave a pending replacement marker for a launched instance (upgrade instance)
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Records C(pending_replacements.<instance>) in C(meta-state/pins.yaml). The next
     instance-image run treats the instance like a C(follow) target - it plans
@@ -18,6 +18,10 @@ description:
     attachments, launches the next generation (C(<name>-NNN) advances) - and the record made
     after that apply moves the pin to what booted and clears the marker.
   - Only a launched, durable instance can be upgraded. Nothing is planned or applied here.
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   config_root:
     description: The configuration root.
@@ -40,6 +44,8 @@ options:
 attributes:
   check_mode:
     support: none
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""
@@ -57,21 +63,21 @@ pending:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaStateError
-from ansible_collections.csis.infra.plugins.module_utils.csis.record import RecordError, mark_upgrade
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import mark_upgrade
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
+    module = csis_module(
+        argument_spec=argument_spec(
+            CONFIG_ROOT_ARGS,
             instance=dict(type="str", required=True),
             to=dict(type="str"),
             run_id=dict(type="str", required=True),
             requested_by=dict(type="str"),
         ),
+        requires=("PyYAML",),
         supports_check_mode=False,
     )
     p = module.params
@@ -79,8 +85,8 @@ def main():
         module.fail_json(msg="to %r is not an AMI id" % p["to"])
     try:
         out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"])
-    except (RecordError, MetaStateError) as exc:
-        module.fail_json(msg=str(exc))
+    except CsisError as exc:
+        fail_from(module, exc)
     module.exit_json(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 

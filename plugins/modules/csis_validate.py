@@ -18,9 +18,14 @@ description:
   - Reports every problem at once, each naming the file and the key path.
   - Makes no network call and writes nothing.
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
+requirements:
+  - pydantic >= 2.7 (the configuration models)
 extends_documentation_fragment:
   - csis.infra.config
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+  - csis.infra.attributes.action_group
 options:
   undeclare:
     description: Instance names treated as removed from the YAML for this run (a decommission).
@@ -30,8 +35,10 @@ options:
 attributes:
   check_mode:
     support: full
+    details: Read-only; the same rules run in check mode.
   diff_mode:
-    support: none
+    support: N/A
+    details: This action does not modify state.
 notes:
   - The messages keep the reference manual's wording so operators can search for them.
 """
@@ -57,28 +64,22 @@ summary:
   sample: {instances: 2, storages: 3, runtimes: 1}
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from, problems_message
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config_root=dict(type="path", required=True),
-            overlays=dict(type="list", elements="path", default=[]),
-            undeclare=dict(type="list", elements="str", default=[]),
-        ),
+    module = csis_module(
+        argument_spec=argument_spec(CONFIG_ARGS, UNDECLARE_ARGS),
+        requires=("PyYAML", "pydantic"),
         supports_check_mode=True,
     )
     p = module.params
     try:
         tree, _meta = load_and_validate(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
     except ConfigError as exc:
-        problems = [str(x) for x in exc.problems]
-        module.fail_json(msg="%d problem(s) in %s:\n%s" % (len(problems), p["config_root"], "\n".join(problems)),
-                         problems=problems)
+        fail_from(module, exc, msg=problems_message(exc, p["config_root"]))
     module.exit_json(changed=False, problems=[], summary=dict(
         instances=len(tree.instances), storages=len(tree.storages), runtimes=len(tree.runtimes),
         instance_builders=len(tree.instance_builders), storage_builders=len(tree.storage_builders),

@@ -10,7 +10,7 @@ module: csis_verify_instance
 short_description: Check on the machine that a launch completed (marker, mounts, group subtrees, image tests)
 version_added: 0.1.0
 author:
-  - csis.infra maintainers
+  - csis.infra maintainers (@csis-infra)
 description:
   - Runs on the instance itself, through the connection Ansible uses for the host (SSM or
     SSH from the inventory), so the checks are real file-system and mount checks.
@@ -21,6 +21,9 @@ description:
   - Returns a structured verdict and does not fail when a check fails; the caller records it
     (M(csis.infra.csis_record_verification)) and decides. The booted AMI is checked on the
     controller from EC2 by M(csis.infra.csis_record_verification).
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
 options:
   fs_root:
     description:
@@ -57,6 +60,11 @@ attributes:
   check_mode:
     support: full
     details: Read-only except for the test commands, which run in check mode too (they must not change the machine).
+  diff_mode:
+    support: N/A
+    details: This action does not modify state.
+  platform:
+    details: Runs on the launched machine being verified (the only csis.infra module that is not run on the controller).
 """
 
 EXAMPLES = r"""
@@ -88,7 +96,7 @@ evidence:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.verify import verify_on_machine
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import verify_on_machine
 
 
 def main():

@@ -22,7 +22,7 @@ if _COLL not in [os.path.normpath(p) for p in sys.path]:
 
 import pytest  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import env_overrides, terraform_env  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import env_overrides, terraform_env  # noqa: E402
 
 PLAYBOOK_BIN = os.path.join(_REPO, ".venv", "bin", "ansible-playbook")
 

@@ -22,7 +22,7 @@ COLLECTIONS = ROOT / ".venv" / "collections"
 if str(COLLECTIONS) not in sys.path:  # tests/conftest.py normally does this
     sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -350,7 +350,7 @@ PLAN_FILE_CHECKS = textwrap.dedent("""\
 
 def test_tampered_stale_and_missing_plan_files_are_refused(ebs, moto_endpoint):
     """The real modules on the real root the previous test applied (its tfplan passed the gate)."""
-    from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import env_overrides
+    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import env_overrides
     pb = ebs.log("plan-files.yml")
     result = ebs.log("plan-files.json")
     with open(pb, "w", encoding="utf-8") as fh:

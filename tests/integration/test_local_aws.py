@@ -67,3 +67,42 @@ def test_start_seed_reuse_stop(tmp_path):
         run(state, "stop")
     assert not (state / "endpoint.json").exists()
     run(state, "status", ok=(1,))
+
+
+# The rules tfmodules/aws_storage_s3 renders, as terraform-provider-aws 5.100 sends them
+# (PutBucketLifecycleConfiguration bodies read from a TF_LOG=DEBUG apply): a filter with
+# a prefix ("" when the storage declares none), a transition and/or an expiration.
+STORAGE_S3_RULES = [
+    {"ID": "csis", "Status": "Enabled", "Filter": {"Prefix": ""},
+     "Transitions": [{"Days": 30, "StorageClass": "STANDARD_IA"}]},
+    {"ID": "expire", "Status": "Enabled", "Filter": {"Prefix": ""}, "Expiration": {"Days": 365}},
+    {"ID": "logs", "Status": "Enabled", "Filter": {"Prefix": "logs/"},
+     "Transitions": [{"Days": 30, "StorageClass": "GLACIER_IR"}], "Expiration": {"Days": 400}},
+]
+
+
+def test_lifecycle_configuration_reads_back_as_put(moto_endpoint):
+    """aws_s3_bucket_lifecycle_configuration waits after every put until
+    GetBucketLifecycleConfiguration deep-equals what it put, ten reads in a row (5 s
+    apart, after 10 s: 55 s at best, also against AWS). Any difference (the
+    ``x-amz-transition-default-minimum-object-size`` header, a rule field added or
+    dropped) turns that floor into a 3-minute timeout and a failed apply. Guard what the
+    module's rules read back as from the endpoint the tests and the demo use."""
+    s3 = moto_endpoint.client("s3")
+    bucket = "csis-test-lifecycle-readback"
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": moto_endpoint.region})
+    try:
+        s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": STORAGE_S3_RULES})
+        got = s3.get_bucket_lifecycle_configuration(Bucket=bucket)
+        # what AWS answers for a configuration put without the header (the provider's
+        # default, all_storage_classes_128K, is also AWS's default since September 2024)
+        headers = got["ResponseMetadata"]["HTTPHeaders"]
+        assert headers.get("x-amz-transition-default-minimum-object-size") == "all_storage_classes_128K"
+        assert got["TransitionDefaultMinimumObjectSize"] == "all_storage_classes_128K"
+        # every rule back exactly: nothing added (e.g. a top-level Prefix next to the
+        # Filter, ExpiredObjectDeleteMarker=false), nothing dropped
+        by_id = {r["ID"]: r for r in got["Rules"]}
+        assert by_id == {r["ID"]: r for r in STORAGE_S3_RULES}
+    finally:
+        s3.delete_bucket_lifecycle(Bucket=bucket)
+        s3.delete_bucket(Bucket=bucket)

@@ -18,9 +18,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import service
-from ansible_collections.csis.infra.plugins.module_utils.csis.emit import run_tf
-from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline as service
+from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import run as run_tf
+from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
 
 import render_trees as rt
 

@@ -142,8 +142,8 @@ GUARD = textwrap.dedent(r'''
                 raise RuntimeError("unexpected process during validation: %r" % (argv,))
     sys.addaudithook(hook)
     sys.path.insert(0, sys.argv[1])
-    from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate
-    from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
+    from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
     try:
         tree, meta = load_and_validate(sys.argv[2], overlays=sys.argv[3:])
         result = {"ok": True, "instances": sorted(tree.instances)}

@@ -18,7 +18,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = e2e.REPO

@@ -322,7 +322,7 @@ def tf_state_pull(root_dir: str, endpoint_env: Mapping[str, str]) -> Dict[str, A
     """``terraform state pull`` of a rendered root (already initialised by a run)."""
     import sys
     sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
-    from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env
+    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
     res = subprocess.run(["terraform", "state", "pull"], cwd=root_dir, env=terraform_env(run_env(endpoint_env)),
                          capture_output=True, text=True, check=True)
     return json.loads(res.stdout or "{}")

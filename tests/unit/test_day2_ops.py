@@ -11,8 +11,9 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import gate, record, unmount, verify
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import receipts, unmount
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import record, verify
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 
 
 def write_meta(root, name, data):
@@ -51,7 +52,7 @@ def test_confirm_records_the_operators_word_without_a_remote_call(launched_root,
     assert data["ok"] is True and data["method"] == "operator-confirmation" and data["confirmed_by"] == "alice"
     assert {"instance", "storage", "ok", "time", "mount_point", "method", "runtime", "exit_status", "output"} <= set(data)
     assert r["path"].endswith("test2__mnt_data.json")
-    assert gate.check_receipts(["test2:mnt_data"], rd, not_before="2000-01-01T00:00:00Z") == []
+    assert receipts.check_receipts(["test2:mnt_data"], rd, not_before="2000-01-01T00:00:00Z") == []
 
 
 def test_the_session_unmount_targets_the_recorded_instance_id(launched_root, tmp_path):
@@ -63,7 +64,7 @@ def test_the_session_unmount_targets_the_recorded_instance_id(launched_root, tmp
     script = "\n".join(ssm.sent[0]["Parameters"]["commands"])
     assert "MP='/mnt/data'" in script and "fuser -km" not in script and "umount -l" not in script
     assert r["ok"] is True and r["method"] == "session" and r["exit_status"] == 0 and r["instance_id"] == "i-0abc"
-    assert gate.check_receipts(["test2:mnt_data"], rd) == []
+    assert receipts.check_receipts(["test2:mnt_data"], rd) == []
 
 
 def test_a_failed_session_unmount_writes_a_refused_receipt_and_raises(launched_root, tmp_path):
@@ -71,7 +72,7 @@ def test_a_failed_session_unmount_writes_a_refused_receipt_and_raises(launched_r
     with pytest.raises(unmount.UnmountError, match=r"unmount of /mnt/data on test2 failed \(exit 1"):
         unmount.unmount(launched_root, "test2", "mnt_data", "/mnt/data", rd, access={"session_mechanism": "ssm"},
                         client=FakeSSM("Failed", 1, "busy: /mnt/data is held by: 1234"))
-    (msg,) = gate.check_receipts(["test2:mnt_data"], rd)
+    (msg,) = receipts.check_receipts(["test2:mnt_data"], rd)
     assert msg.startswith("DETACH NOT UNMOUNTED: test2:mnt_data has no successful unmount receipt")
 
 

@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import corpus  # noqa: E402
 from render_trees import copy_tree  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.render import RenderOptions, plan_roots  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import RenderOptions  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.roots import plan_roots  # noqa: E402
 
 RT = "aws-east2-runtime"
 PIN2, PIN1, HEAD = "ami-0000000000000aaa1", "ami-0000000000000bbb1", "ami-0000000000000ccc2"
@@ -172,3 +173,18 @@ def test_archive_transitions_carry_the_trees_tag(tree):
     (snap,) = ebs.transitions_before
     assert snap["action"] == "snapshot" and snap["tags"] == {"csis_config": "csis-example"}
     assert ebs.allow_destroy == ["module.storage_mnt_data"]
+
+
+def test_validate_and_render_run_the_same_rules(tree):
+    """N26 (launch parameters are immutable) is part of the one validation: csis_validate
+    reports it, and csis_render refuses with exactly the same problems."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.pipeline import render
+
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].update(image="imgfile-basic"))
+    with pytest.raises(ConfigError) as validated:
+        load_and_validate(tree)
+    with pytest.raises(ConfigError) as rendered:
+        render(tree, ["instance-image"], check_mode=True, prepare=False)
+    assert [str(p) for p in validated.value.problems] == [str(p) for p in rendered.value.problems]
+    assert any("launch parameters are immutable" in str(p) and "(N26)" in str(p) for p in validated.value.problems)

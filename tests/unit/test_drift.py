@@ -8,7 +8,10 @@ import os
 
 import pytest
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import drift as d
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift as d
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import lookups
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.expectations import expectations
+from ansible_collections.csis.infra.plugins.module_utils.csis.aws import Endpoint
 
 TAG = "csis-example"
 
@@ -223,25 +226,25 @@ class FakeClient:
 
 
 def test_lookup_absent_vs_unavailable():
-    ep = d._Endpoint({"region": "r", "endpoints": {}}, lambda s, a: FakeClient({
+    ep = Endpoint({"region": "r", "endpoints": {}}, lambda s, a: FakeClient({
         "describe_volumes": FakeErr("InvalidVolume.NotFound"),
         "describe_file_systems": FakeErr("AccessDeniedException", "nope"),
         "get_bucket_tagging": FakeErr("NoSuchBucket"),
         "describe_instances": FakeErr("InternalError")}))
-    assert d._lookup_volume(ep, "vol-1") == {"present": False, "what": "volume", "id": "vol-1"}
-    fs = d._lookup_filesystem(ep, "fs-1", True)
+    assert lookups.lookup_volume(ep, "vol-1") == {"present": False, "what": "volume", "id": "vol-1"}
+    fs = lookups.lookup_filesystem(ep, "fs-1", True)
     assert fs["error"].startswith("REFUSED (AccessDeniedException)")
-    assert d._lookup_bucket(ep, "b", False)["present"] is False
-    assert "error" in d._lookup_instance(ep, "i-1")
+    assert lookups.lookup_bucket(ep, "b", False)["present"] is False
+    assert "error" in lookups.lookup_instance(ep, "i-1")
 
 
 def test_bucket_without_tags_is_present_and_other_s3_errors_unavailable():
-    ep = d._Endpoint({"region": "r"}, lambda s, a: FakeClient({
+    ep = Endpoint({"region": "r"}, lambda s, a: FakeClient({
         "get_bucket_tagging": FakeErr("NoSuchTagSet"), "get_bucket_lifecycle_configuration": FakeErr("NoSuchLifecycleConfiguration")}))
-    b = d._lookup_bucket(ep, "b", True)
+    b = lookups.lookup_bucket(ep, "b", True)
     assert b["present"] is True and b["lifecycle"] == []
-    ep2 = d._Endpoint({"region": "r"}, lambda s, a: FakeClient({"get_bucket_tagging": FakeErr("403")}))
-    assert d._lookup_bucket(ep2, "b", False)["error"].startswith("REFUSED (403)")
+    ep2 = Endpoint({"region": "r"}, lambda s, a: FakeClient({"get_bucket_tagging": FakeErr("403")}))
+    assert lookups.lookup_bucket(ep2, "b", False)["error"].startswith("REFUSED (403)")
 
 
 def test_transport_error_marks_the_endpoint_down_and_fails_fast():
@@ -259,7 +262,7 @@ def test_transport_error_marks_the_endpoint_down_and_fails_fast():
     e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="bkt")], [inst("web")])
     access = {"region": "r", "endpoints": {"ec2": "http://127.0.0.1:9", "s3": "http://127.0.0.1:9",
                                            "efs": "http://127.0.0.1:9"}}
-    reality = d.observe(e, lambda rt: access, factory)
+    reality = lookups.observe(e, lambda rt: access, factory)
     assert calls == ["ec2"]  # one real try per endpoint url: every later lookup fails fast
     r = d.classify(e, reality)
     assert r["drift"] == []
@@ -286,7 +289,7 @@ def test_observe_scans_foreign_by_tag_excluding_recorded_ids():
         })
 
     e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="mine")])
-    reality = d.observe(e, lambda rt: {"region": "r"}, factory)
+    reality = lookups.observe(e, lambda rt: {"region": "r"}, factory)
     assert [(f["what"], f["id"]) for f in reality["foreign"]] == [("volume", "vol-2"), ("bucket", "stray")]
     r = d.classify(e, reality)
     assert sorted(lines(r)) == [("foreign", "storage", "data", False), ("foreign", "storage", "stray", False)]
@@ -305,7 +308,7 @@ def test_write_report_atomic_and_changed_only_on_new_findings(tmp_path):
 
 
 def test_expectations_from_the_example_tree_and_hand_made_records():
-    from ansible_collections.csis.infra.plugins.module_utils.csis.loader import load_tree
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 
     tree = load_tree(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     meta = {
@@ -319,7 +322,7 @@ def test_expectations_from_the_example_tree_and_hand_made_records():
         "instance-state.yaml": {"instances": {"test2": {"current": {"instance_id": "i-1", "ami_id": "ami-1"}}}},
         "pins.yaml": {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []},
     }
-    e = d.expectations(tree, meta)
+    e = expectations(tree, meta)
     assert e["tag"] == "csis-example" and e["runtimes"] == ["aws-east2-runtime"]
     s = e["storages"]
     assert sorted(s) == ["default-bucket", "efs-storage", "gone", "mnt_data", "old-data"]

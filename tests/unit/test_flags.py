@@ -14,10 +14,10 @@ if os.path.normpath(_COLL) not in [os.path.normpath(p) for p in sys.path]:
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.flags import (  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.flags import (  # noqa: E402
     RuntimeNarrowed, apply_flag_allows, describe_flag, narrow_by_apply_runtime, parse_apply_flag,
 )
-from ansible_collections.csis.infra.plugins.module_utils.csis.applycheck import (  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.applycheck import (  # noqa: E402
     ApplyCheckRefused, check_apply, find_config_root,
 )
 

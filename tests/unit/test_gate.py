@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
-"""The plan gate (gate.py): classification, whitelist, receipts, plan binding."""
+"""The plan gate (apply/): classification, whitelist, receipts, plan binding."""
 from __future__ import annotations
 
 import json
@@ -14,11 +14,14 @@ if os.path.normpath(_COLL) not in [os.path.normpath(p) for p in sys.path]:
 
 import pytest  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import gate  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.gate import (  # noqa: E402
-    GateError, GateRefused, address_covered_by, check_receipts, evaluate_plan, format_address,
-    open_binding, parse_address, root_digest, root_files, run_gate, verify_binding,
-)
+from ansible_collections.csis.infra.plugins.module_utils.csis import clock  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import gate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.binding import open_binding, root_digest, root_files, verify_binding  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import evaluate_plan  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.receipts import check_receipts  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.whitelist import address_covered_by, format_address, parse_address  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import GateError, GateRefused  # noqa: E402
 
 
 def rc(address, *actions, **extra):
@@ -244,7 +247,7 @@ def fake_show(monkeypatch):
         box["calls"] += 1
         assert os.path.isfile(plan_path)
         return box["plan"]
-    monkeypatch.setattr(gate, "show_plan_json", show)
+    monkeypatch.setattr(gate, "show_json", show)
     return box
 
 
@@ -392,7 +395,7 @@ def test_gate_receipts_after_open(root, fake_show):
     with pytest.raises(GateRefused, match="DETACH NOT UNMOUNTED: web:data has no successful unmount receipt"):
         run_gate(str(root), "tfplan", require_unmounted=["web:data"])
     # a receipt written after the opening counts (and the receipts dir is not part of the digest)
-    _receipt(root / "unmount-receipts", "web", "data", time=gate._now())
+    _receipt(root / "unmount-receipts", "web", "data", time=clock.now())
     assert run_gate(str(root), "tfplan", require_unmounted=["web:data"])["violations"] == []
     assert verify_binding(str(root), "tfplan")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import hcl
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import hcl
 
 
 @pytest.mark.parametrize("text, encoded", [

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Unit tests for plugins/module_utils/csis/metastate.py (pure library, real processes)."""
+"""Unit tests for plugins/module_utils/csis/state/store.py (pure library, real processes)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -21,8 +21,8 @@ COLLECTIONS = ROOT / ".venv" / "collections"
 if str(COLLECTIONS) not in sys.path:  # tests/conftest.py normally does this
     sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import metastate  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import (  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import store as metastate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (  # noqa: E402
     HEADER, MetaState, MetaStateError, launched_instances)
 
 
@@ -351,7 +351,7 @@ def test_readers_only_see_whole_files(tmp_path):
 HOLDER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {collections!r})
-    from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
     ms = MetaState({root!r})
     with ms.transaction("holder-test") as txn:
         runs = txn.load("runs.yaml")

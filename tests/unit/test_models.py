@@ -8,8 +8,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import models as m
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import Problem, Tree, parse_model
+from ansible_collections.csis.infra.plugins.module_utils.csis.config import models as m
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import Tree, parse_model
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import Problem
 
 
 def problems_of(model: Any, data: Dict[str, Any], rel: str = "f.yml") -> List[Problem]:

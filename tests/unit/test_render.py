@@ -20,10 +20,12 @@ from typing import Any, Dict, List, Optional
 import pytest
 import yaml
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import render, service
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate
-from ansible_collections.csis.infra.plugins.module_utils.csis.emit import MANIFEST
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline as service
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import RenderOptions, RootPlan
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.roots import plan_roots
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.writer import MANIFEST
 
 import render_trees as rt
 
@@ -34,7 +36,7 @@ def fmt_texts(files, binary):
     import subprocess
     import tempfile
 
-    from ansible_collections.csis.infra.plugins.module_utils.csis.tfcli import terraform_env
+    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
 
     out = dict(files)
     tf = [n for n in files if n.endswith(".tf")]
@@ -54,9 +56,9 @@ def fmt_texts(files, binary):
 
 
 
-def plans(root: str, lifecycle: str, overlays: tuple = (), undeclare: tuple = (), **opts: Any) -> List[render.RootPlan]:
+def plans(root: str, lifecycle: str, overlays: tuple = (), undeclare: tuple = (), **opts: Any) -> List[RootPlan]:
     tree, meta = load_and_validate(root, overlays=overlays, undeclare=undeclare)
-    return render.plan_roots(tree, meta, lifecycle, render.RenderOptions(**opts))
+    return plan_roots(tree, meta, lifecycle, RenderOptions(**opts))
 
 
 def norm(text: str) -> str:
@@ -64,7 +66,7 @@ def norm(text: str) -> str:
     return re.sub(r" +", " ", text)
 
 
-def by_builder(ps: List[render.RootPlan]) -> Dict[str, render.RootPlan]:
+def by_builder(ps: List[RootPlan]) -> Dict[str, RootPlan]:
     return {p.builder: p for p in ps}
 
 

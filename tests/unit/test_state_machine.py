@@ -17,10 +17,11 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs"))
 import corpus  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.validate import LEGAL_TRANSITIONS  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import LEGAL_TRANSITIONS, load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState  # noqa: E402
 
 CURRENT = [None, "active", "archived", "destroyed"]
 REQUESTED = ["active", "archived", "destroyed"]
@@ -93,11 +94,26 @@ def make_tree(tmp_path, name: str, req: str, cur: Optional[str], attach: Optiona
     records = dict(extra_records or {})
     if cur is not None:
         records[name] = {"state": cur, "generation": 1, "facts": {"builder": "x", "type": "y"}}
+    if launched:
+        launched = launch_records(root, launched)
     with MetaState(root).transaction("test") as txn:
         txn.save("storage-state.yaml", {"storages": records})
         if launched:
             txn.save("launch-params.yaml", {"instances": launched})
     return root
+
+
+def launch_records(root: str, launched: Dict[str, Any]) -> Dict[str, Any]:
+    """Launch records as a launch writes them: the declared instance's launch parameters,
+    with the recorded facts of ``launched`` (its mounts...) over them, so that only what the
+    test changes differs from the record (launch parameters are immutable, N26)."""
+    tree = load_tree(root)
+    out = {}
+    for name, rec in launched.items():
+        inst = tree.instances.get(name)
+        base = compute_launch_params(tree, {}, inst) if inst is not None else {}
+        out[name] = dict(base, **rec)
+    return out
 
 
 def test_the_table_is_the_manuals():

@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import statelock as sl
+from ansible_collections.csis.infra.plugins.module_utils.csis import terraform
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import statelock as sl
 
 
 def _root(tmp_path, backend_type="s3", use_lockfile=True, workspace=None):
@@ -48,7 +49,7 @@ def locked(monkeypatch):
     def fake_run(argv, **kw):
         calls.append(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")
-    monkeypatch.setattr(sl.subprocess, "run", fake_run)
+    monkeypatch.setattr(terraform.subprocess, "run", fake_run)
     return info, calls
 
 

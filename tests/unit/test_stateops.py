@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""forget / state import (plugins/module_utils/csis/stateops.py) against a fake endpoint:
+"""forget / state import (plugins/module_utils/csis/state/ops.py) against a fake endpoint:
 the refusals (still exists, cannot check, undeclared, wrong shape, absent) and what is written."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import shutil
 import pytest
 from trees import copy_as_shipped
 
-from ansible_collections.csis.infra.plugins.module_utils.csis import stateops as so
-from ansible_collections.csis.infra.plugins.module_utils.csis.metastate import MetaState
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import ops as so
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 

@@ -15,8 +15,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs"))
 import corpus  # noqa: E402
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.config import load_and_validate  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.loader import ConfigError, load_tree  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError  # noqa: E402
 
 CASES = corpus.case_files()
 

@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The plan gate.
+
+The gate reads a saved plan as JSON (``terraform show -json <plan>``), refuses every
+destroy (including both kinds of replacement) that no whitelist entry covers
+(:mod:`.plan_verdict`, :mod:`.whitelist`), refuses detaches without a successful unmount
+receipt (:mod:`.receipts`), and refuses stale or missing plans (:mod:`.binding`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional
+
+from ..errors import GateError, GateRefused
+from ..terraform import show_json
+from .binding import (binding_mismatch, binding_path, clear_gate, missing_plan_message, plan_path_of, read_binding,
+                      record_gate, root_files, sha256_file, stale_root_message)
+from .plan_verdict import evaluate_plan, plan_content_digest, plan_diff
+from .receipts import RECEIPTS_DIR, check_receipts
+
+
+def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None, *,
+             plan_json: Optional[str] = None, binary_path: str = "terraform",
+             allow_destroy: Iterable[str] = (), require_unmounted: Iterable[str] = (),
+             receipts_dir: Optional[str] = None, receipts_since_binding: bool = True,
+             check_mode: bool = False, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """Evaluate a plan; return the verdict or raise :class:`GateRefused` / :class:`GateError`.
+
+    With ``plan_file`` (the real path) the plan must exist and carry an open binding
+    whose root content is unchanged; a pass records the plan's sha256 and the verdict
+    in the binding (not in check mode), a refusal clears any earlier gate record.
+    With ``plan_json`` (offline: an already-rendered ``show -json`` file) only the
+    destroy and receipt checks run and no binding is involved.
+    """
+    allow = list(allow_destroy or ())
+    required = list(require_unmounted or ())
+    if bool(plan_file) == bool(plan_json):
+        raise GateError("pass exactly one of plan_file or plan_json")
+    root = os.path.abspath(project_path) if project_path else None
+    result: Dict[str, Any] = {"changed": False}
+
+    if plan_json:
+        rdir = receipts_dir or os.path.join(root or os.getcwd(), RECEIPTS_DIR)
+        problems = check_receipts(required, rdir)
+        try:
+            with open(plan_json, "r", encoding="utf-8") as fh:
+                plan = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise GateError("cannot read plan JSON %s: %s" % (plan_json, exc))
+        verdict = evaluate_plan(plan, allow)
+        result.update(verdict.as_result())
+        result["diff"] = plan_diff(verdict)
+        result["plan_digest"] = plan_content_digest(plan)
+        problems += verdict.violations
+        if problems:
+            result["violations"] = problems
+            raise GateRefused(problems, result)
+        return result
+
+    if root is None:
+        raise GateError("project_path is required with plan_file")
+    plan_path = plan_path_of(root, plan_file)  # type: ignore[arg-type]
+    result["plan_file"] = plan_path
+    result["binding"] = binding_path(plan_path)
+    binding = read_binding(plan_path)
+
+    def refuse(messages: List[str]) -> NoReturn:
+        if binding is not None and not check_mode:
+            clear_gate(plan_path, binding)
+        result["violations"] = messages
+        raise GateRefused(messages, result)
+
+    if not os.path.isfile(plan_path):
+        refuse([missing_plan_message(plan_file)])
+    if binding is None:
+        refuse(["STALE PLANFILE: %s has no binding (%s missing or unreadable): csis_plan_binding "
+                "state=opened must run just before the plan" % (plan_file, binding_path(plan_path))])
+    msg = binding_mismatch(plan_file, binding, root, plan_path)  # type: ignore[arg-type]
+    if msg:
+        refuse([msg])
+    rdir = receipts_dir or os.path.join(root, RECEIPTS_DIR)
+    problems = check_receipts(required, rdir,
+                              binding["opened"].get("time") if receipts_since_binding else None)
+    stale = stale_root_message(plan_file, binding, root_files(root, plan_path))  # type: ignore[arg-type]
+    if stale:
+        refuse(problems + [stale])
+    sha_before = sha256_file(plan_path)
+    plan = show_json(plan_path, root, binary_path, env)
+    sha_after = sha256_file(plan_path)
+    if sha_before != sha_after:
+        refuse(problems + ["STALE PLANFILE: %s changed while the gate read it" % plan_file])
+    verdict = evaluate_plan(plan, allow)
+    result.update(verdict.as_result())
+    result["diff"] = plan_diff(verdict)
+    result["plan_sha256"] = sha_after
+    result["plan_digest"] = plan_content_digest(plan)
+    problems += verdict.violations
+    if problems:
+        refuse(problems)
+    if not check_mode:
+        record_gate(plan_path, binding, {"plan_sha256": sha_after, "allow_destroy": allow,
+                                         "require_unmounted": required, "verdict": verdict.as_result()})
+    return result

@@ -1,0 +1,193 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What a saved plan would do, read from its ``show -json``: every resource change
+classified (create, update, delete, replace, forget), every destroy checked against the
+whitelist, the summary line, the diff-mode text and the digest of the changes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from ..errors import GateError
+from .whitelist import Whitelist, parse_address
+
+KNOWN_ACTIONS = {"no-op", "create", "read", "update", "delete", "forget"}
+
+
+@dataclass
+class PlanVerdict:
+    creates: List[str] = field(default_factory=list)
+    updates: List[str] = field(default_factory=list)
+    deletes: List[str] = field(default_factory=list)      # pure destroys
+    replaces: List[str] = field(default_factory=list)     # delete+create in either order
+    forgets: List[str] = field(default_factory=list)      # removed from state, object kept
+    whitelisted: List[Dict[str, str]] = field(default_factory=list)
+    violations: List[str] = field(default_factory=list)
+    details: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def adds(self) -> int:
+        return len(self.creates) + len(self.replaces)
+
+    @property
+    def changes(self) -> int:
+        return len(self.updates)
+
+    @property
+    def destroys(self) -> int:
+        return len(self.deletes) + len(self.replaces)
+
+    def summary(self) -> str:
+        text = "Plan: %d to add, %d to change, %d to destroy" % (self.adds, self.changes, self.destroys)
+        if self.replaces:
+            text += " (%d replacement%s)" % (len(self.replaces), "" if len(self.replaces) == 1 else "s")
+        extra: List[str] = []
+        if self.forgets:
+            extra.append("%d to forget (removed from state, not destroyed)" % len(self.forgets))
+        if self.whitelisted:
+            by: List[str] = []
+            for w in self.whitelisted:
+                if w["entry"] not in by:
+                    by.append(w["entry"])
+            n = len(self.whitelisted)
+            extra.append("%d destroy%s whitelisted by %s" % (n, "" if n == 1 else "s", ", ".join(by)))
+        destroy_violations = [v for v in self.violations if v.startswith("DESTROY NOT WHITELISTED")]
+        if destroy_violations:
+            n = len(destroy_violations)
+            extra.append("%d destroy%s NOT whitelisted" % (n, "" if n == 1 else "s"))
+        if extra:
+            text += "; " + "; ".join(extra)
+        return text
+
+    def as_result(self) -> Dict[str, Any]:
+        return {
+            "adds": self.adds,
+            "changes": self.changes,
+            "destroys": self.destroys,
+            "replacements": len(self.replaces),
+            "forgets": len(self.forgets),
+            "addresses": {
+                "create": list(self.creates),
+                "update": list(self.updates),
+                "delete": list(self.deletes),
+                "replace": list(self.replaces),
+                "forget": list(self.forgets),
+            },
+            "whitelisted": [dict(w) for w in self.whitelisted],
+            "violations": list(self.violations),
+            "summary": self.summary(),
+        }
+
+
+def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) -> PlanVerdict:
+    """Classify ``plan["resource_changes"]`` and check every destroy against ``allow_destroy``."""
+    if not isinstance(plan, Mapping) or "format_version" not in plan:
+        raise GateError("not a terraform plan in JSON (no format_version): pass the output of `show -json <plan>`")
+    if plan.get("errored"):
+        raise GateError("the plan is marked errored: terraform could not finish planning")
+    entries = list(allow_destroy or ())
+    for e in entries:
+        try:
+            parse_address(e)
+        except ValueError as exc:
+            raise GateError("allow_destroy entry %r is not a terraform address: %s" % (e, exc))
+    whitelist = Whitelist(entries)
+    verdict = PlanVerdict()
+    for rc in plan.get("resource_changes") or []:
+        if not isinstance(rc, Mapping):
+            raise GateError("resource_changes holds a non-object: %r" % (rc,))
+        address = rc.get("address")
+        change = rc.get("change") or {}
+        actions = list(change.get("actions") or [])
+        if not isinstance(address, str) or not address:
+            raise GateError("a resource change has no address: %r" % (rc,))
+        deposed = rc.get("deposed")
+        shown = address + (" (deposed object %s)" % deposed if deposed else "")
+        unknown = [a for a in actions if a not in KNOWN_ACTIONS]
+        if unknown or not actions:
+            verdict.violations.append(
+                "PLAN ACTION NOT UNDERSTOOD: %s has actions %s; refusing" % (shown, json.dumps(actions)))
+            continue
+        acts = set(actions)
+        kind: Optional[str] = None
+        if "delete" in acts:
+            kind = "replace" if "create" in acts else "delete"
+        elif "forget" in acts:
+            kind = "forget"
+            if "create" in acts:  # create-then-forget (lifecycle destroy = false + replace)
+                verdict.creates.append(shown)
+        elif "create" in acts:
+            kind = "create"
+        elif "update" in acts:
+            kind = "update"
+        else:  # read / no-op
+            continue
+        {"create": verdict.creates, "update": verdict.updates, "delete": verdict.deletes,
+         "replace": verdict.replaces, "forget": verdict.forgets}[kind].append(shown)
+        detail = {"address": shown, "actions": actions, "kind": kind}
+        if rc.get("action_reason"):
+            detail["action_reason"] = rc.get("action_reason")
+        verdict.details.append(detail)
+        if kind in ("delete", "replace"):
+            try:
+                entry = whitelist.covering(address)
+            except ValueError as exc:
+                raise GateError("cannot parse plan address %r: %s" % (address, exc))
+            if entry is None:
+                verdict.violations.append("DESTROY NOT WHITELISTED: %s" % shown)
+            else:
+                verdict.whitelisted.append({"address": shown, "entry": entry, "kind": kind})
+    return verdict
+
+
+def plan_content_digest(plan: Mapping[str, Any]) -> str:
+    """sha256 over what the plan would do: every resource change that is not a no-op, with
+    its address, actions and before/after values (unknowns and sensitivity marks included).
+
+    Two plans with equal digests make the same changes; the AWX approval binds the apply job
+    to the plan job's digest (a plan that creates the same address with other values differs)."""
+    changes = []
+    for rc in plan.get("resource_changes") or []:
+        change = rc.get("change") or {}
+        actions = list(change.get("actions") or [])
+        if actions == ["no-op"]:
+            continue
+        changes.append({k: v for k, v in (
+            ("address", rc.get("address")), ("deposed", rc.get("deposed")), ("actions", actions),
+            ("before", change.get("before")), ("after", change.get("after")),
+            ("after_unknown", change.get("after_unknown")), ("before_sensitive", change.get("before_sensitive")),
+            ("after_sensitive", change.get("after_sensitive"))) if v is not None})
+    changes.sort(key=lambda c: (str(c.get("address")), str(c.get("deposed") or "")))
+    blob = json.dumps(changes, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def plan_diff(verdict: PlanVerdict) -> Dict[str, str]:
+    """``before``/``after`` text for Ansible's diff mode (one line per touched address)."""
+    before: List[str] = []
+    after: List[str] = []
+    for d in verdict.details:
+        a, kind = d["address"], d["kind"]
+        if kind == "create":
+            after.append("%s (created)" % a)
+        elif kind == "update":
+            before.append(a)
+            after.append("%s (updated in place)" % a)
+        elif kind == "delete":
+            before.append(a)
+        elif kind == "replace":
+            before.append(a)
+            after.append("%s (replaced: %s)" % (a, " then ".join(d["actions"])))
+        elif kind == "forget":
+            before.append(a)
+            after.append("%s (forgotten: left in place, no longer managed)" % a)
+    return {
+        "before_header": "resources touched by the plan (now)",
+        "after_header": "resources after the plan (%s)" % verdict.summary(),
+        "before": "".join(x + "\n" for x in sorted(before)),
+        "after": "".join(x + "\n" for x in sorted(after)),
+    }

@@ -1,0 +1,183 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Stale S3 state locks (``use_lockfile``) left by a killed run.
+
+A terraform process killed during a plan or an apply leaves ``<key>.tflock`` in the
+state bucket; every later run then fails with "Error acquiring the state lock". The lock
+names its holder (``Who`` = ``user@host``, ``ID``, ``Operation``, ``Created``) but not a
+process, so only a holder on THIS machine can be proven dead:
+
+* no lock object: nothing to do;
+* held by ``user@host`` of this machine and no terraform/tofu process on this machine
+  works on a root with the same backend bucket and key: the holder is dead. The lock is
+  released with ``<binary> force-unlock -force <ID>`` (terraform refuses if the lock
+  changed meanwhile) and reported;
+* held by a live local process, or by another machine: refused with the lock's details
+  and the documented procedure (docs/operations.md, "State is locked").
+
+Plain Python: importable without Ansible (boto3 is needed only when a lock must be read).
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .. import aws, terraform
+from ..errors import CsisError
+
+__all__ = ["StateLockError", "backend_of", "lock_key", "read_lock", "live_holders", "check_and_release",
+           "local_who"]
+
+TERRAFORM_NAMES = ("terraform", "tofu")
+
+
+class StateLockError(CsisError):
+    pass
+
+
+def local_who() -> str:
+    """terraform's ``Who`` for a lock taken on this machine by this user."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # pragma: no cover - no user name
+        user = ""
+    return "%s@%s" % (user, socket.gethostname())
+
+
+def backend_of(root: str, data_dir: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """``{type, config, workspace}`` of an initialised root, or None before ``init``."""
+    data = os.path.join(root, data_dir or ".terraform")
+    path = os.path.join(data, "terraform.tfstate")
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    backend = doc.get("backend") or {}
+    ws = "default"
+    try:
+        with open(os.path.join(data, "environment"), "r", encoding="utf-8") as fh:
+            ws = fh.read().strip() or "default"
+    except OSError:
+        pass
+    return {"type": backend.get("type"), "config": backend.get("config") or {}, "workspace": ws}
+
+
+def lock_key(backend: Mapping[str, Any]) -> Optional[Tuple[str, str]]:
+    """(bucket, key of the lock object) for an S3 backend with ``use_lockfile``, else None."""
+    cfg = backend.get("config") or {}
+    if backend.get("type") != "s3" or not cfg.get("use_lockfile"):
+        return None
+    key = cfg["key"]
+    ws = backend.get("workspace") or "default"
+    if ws != "default":
+        key = "%s/%s/%s" % (cfg.get("workspace_key_prefix") or "env:", ws, key)
+    return cfg["bucket"], key + ".tflock"
+
+
+def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The lock object's JSON, or None when the state is not locked."""
+    where = lock_key(backend)
+    if where is None:
+        return None
+    bucket, key = where
+    client = aws.client("s3", aws.backend_access(backend["config"]))
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except client.exceptions.NoSuchKey:
+        return None
+    except Exception as exc:  # botocore ClientError 404 on some endpoints
+        if aws.error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise StateLockError("cannot read the state lock s3://%s/%s: %s" % (bucket, key, exc))
+    try:
+        info = json.loads(body.decode("utf-8"))
+    except ValueError:
+        info = {"raw": body.decode("utf-8", "replace")}
+    info["lock_object"] = "s3://%s/%s" % (bucket, key)
+    return info
+
+
+def _same_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    ca, cb = a.get("config") or {}, b.get("config") or {}
+    return (a.get("type") == b.get("type") and ca.get("bucket") == cb.get("bucket")
+            and ca.get("key") == cb.get("key") and a.get("workspace") == b.get("workspace"))
+
+
+def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """terraform/tofu processes on this machine working on a root with the same state."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+            if not argv or os.path.basename(argv[0]) not in TERRAFORM_NAMES:
+                continue
+            with open("/proc/%s/stat" % pid, "r", encoding="utf-8", errors="replace") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            cwd = os.readlink("/proc/%s/cwd" % pid)
+        except (OSError, IndexError):
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                envs = dict(e.split(b"=", 1) for e in fh.read().split(b"\0") if b"=" in e)
+            data_dir = envs.get(b"TF_DATA_DIR", b"").decode("utf-8", "replace") or None
+        except OSError:
+            # another user's process: we cannot tell which state it uses, so it may hold the lock
+            found.append({"pid": int(pid), "argv": argv, "cwd": cwd})
+            continue
+        other = backend_of(cwd, data_dir)
+        # no initialised backend there: that process cannot be holding an S3 state lock
+        if other is not None and _same_state(backend, other):
+            found.append({"pid": int(pid), "argv": argv, "cwd": cwd})
+    return found
+
+
+def _describe(info: Mapping[str, Any]) -> str:
+    return ("%s is locked by %s since %s (operation %s, lock ID %s)"
+            % (info.get("Path") or info.get("lock_object"), info.get("Who") or "?", info.get("Created") or "?",
+               info.get("Operation") or "?", info.get("ID") or "?"))
+
+
+def check_and_release(root: str, binary: str = "terraform", release: bool = True,
+                      env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """Release a lock whose holder is provably dead; refuse on any other lock. See module doc."""
+    backend = backend_of(root)
+    result: Dict[str, Any] = {"changed": False, "locked": False, "released": False, "lock": None}
+    if backend is None or lock_key(backend) is None:
+        result["msg"] = "no S3 lockfile backend: nothing to check"
+        return result
+    info = read_lock(backend)
+    if info is None:
+        result["msg"] = "the state is not locked"
+        return result
+    result.update(locked=True, lock=info)
+    what = _describe(info)
+    procedure = ("if that run is really gone, release the lock: %s -chdir=%s force-unlock %s "
+                 "(docs/operations.md, 'State is locked')" % (binary, root, info.get("ID") or "<ID>"))
+    if info.get("Who") != local_who():
+        raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
+                             "running: wait for it; %s" % (what, procedure))
+    holders = live_holders(backend)
+    if holders:
+        pids = ", ".join("%d (%s in %s)" % (h["pid"], " ".join(h["argv"][:2]), h["cwd"]) for h in holders)
+        raise StateLockError("STATE LOCKED: %s, held by a live process on this machine: %s. "
+                             "Wait for that run to finish." % (what, pids))
+    if not release or not info.get("ID"):
+        raise StateLockError("STATE LOCKED: %s; its holder on this machine is gone (no terraform process "
+                             "uses this state): %s" % (what, procedure))
+    rc, output = terraform.force_unlock(root, binary, str(info["ID"]), env)
+    if rc != 0:
+        raise StateLockError("STATE LOCKED: %s; its holder is gone but force-unlock failed (rc %d): %s"
+                             % (what, rc, output))
+    result.update(changed=True, released=True,
+                  msg="released a stale state lock: %s; its holder on this machine is gone "
+                      "(no terraform process uses this state)" % what)
+    return result

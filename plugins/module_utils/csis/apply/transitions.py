@@ -1,0 +1,133 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Storage transitions that terraform does not do: the EBS archive snapshot, its
+deletion after a restore or a destroy, and the S3 wipe before a bucket's destroy.
+
+Resources are found by the ids terraform recorded in the root's state, never by the
+first ``Name`` tag that matches. Whether a volume is attached is read from EC2 (reality),
+not from declarations. The role runs these only after the gate passed and
+``csis_apply_check`` allowed the apply in the same run.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Mapping, Optional
+
+from .. import aws
+from ..errors import CsisError
+from ..state.record import resources, under
+from ..terraform import state_pull
+
+
+class TransitionError(CsisError):
+    pass
+
+
+def _volume_id(root: Mapping[str, Any], storage: str, state: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    info = (root.get("storages") or {}).get(storage) or {}
+    st = state if state is not None else state_pull(root["directory"], root.get("binary_path") or "terraform")
+    for r in under(resources(st), info.get("address", "module.storage_%s" % storage)):
+        if r["type"] == "aws_ebs_volume":
+            return r["attributes"].get("id")
+    return None
+
+
+def archive_snapshots(ec2: Any, name: str, storage: str, tags: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
+    """The archive snapshots of ``storage``: its Name, its ``csis_storage`` tag and the tree's
+    own tags (``csis_config``), so another tree's archive of a same-named storage never counts."""
+    filters = [{"Name": "tag:Name", "Values": [name]}, {"Name": "tag:csis_storage", "Values": [storage]}]
+    filters += [{"Name": "tag:%s" % k, "Values": [v]} for k, v in sorted((tags or {}).items())]
+    resp = ec2.describe_snapshots(OwnerIds=["self"], Filters=filters)
+    return resp.get("Snapshots") or []
+
+
+def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], state: Optional[Mapping[str, Any]] = None,
+             timeout: float = 1800.0) -> Dict[str, Any]:
+    ec2 = aws.client("ec2", root["aws"])
+    name = t["snapshot_name"]
+    storage = t["storage"]
+    existing = archive_snapshots(ec2, name, storage, t.get("tags"))
+    if existing:
+        snap = sorted(existing, key=lambda s: str(s.get("StartTime")))[-1]
+        created = False
+    else:
+        vol = _volume_id(root, storage, state)
+        if not vol:
+            raise TransitionError("no volume named %s to archive (the root's state records no aws_ebs_volume for "
+                                  "storage '%s')" % (storage, storage))
+        desc = ec2.describe_volumes(VolumeIds=[vol])["Volumes"]
+        if not desc:
+            raise TransitionError("no volume named %s to archive (%s is gone)" % (storage, vol))
+        att = [a.get("InstanceId") for a in desc[0].get("Attachments") or [] if a.get("State") in ("attaching", "attached")]
+        if att:
+            raise TransitionError("storage '%s' cannot be archived: volume %s is still attached to %s (detach in one run, "
+                                  "transition in the next; N21)" % (storage, vol, ", ".join(att)))
+        snap = ec2.create_snapshot(VolumeId=vol, Description="csis.infra archive of storage %s" % storage,
+                                   TagSpecifications=[{"ResourceType": "snapshot", "Tags": [
+                                       {"Key": "Name", "Value": name}, {"Key": "csis_storage", "Value": storage}]
+                                       + [{"Key": k, "Value": v} for k, v in sorted((t.get("tags") or {}).items())]}])
+        created = True
+    sid = snap["SnapshotId"]
+    deadline = time.time() + timeout
+    while True:
+        cur = ec2.describe_snapshots(SnapshotIds=[sid])["Snapshots"][0]
+        if cur.get("State") == "completed":
+            break
+        if cur.get("State") == "error":
+            raise TransitionError("archive snapshot %s of storage '%s' failed" % (sid, storage))
+        if time.time() > deadline:
+            raise TransitionError("archive snapshot %s of storage '%s' did not complete in %ds" % (sid, storage, timeout))
+        time.sleep(5)
+    return {"snapshot_id": sid, "created": created}
+
+
+def delete_archive_snapshot(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
+    ec2 = aws.client("ec2", root["aws"])
+    deleted = []
+    for s in archive_snapshots(ec2, t["snapshot_name"], t["storage"], t.get("tags")):
+        ec2.delete_snapshot(SnapshotId=s["SnapshotId"])
+        deleted.append(s["SnapshotId"])
+    return {"deleted": deleted}
+
+
+def empty_bucket(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
+    """Delete every object version and delete marker (and plain objects) of the bucket."""
+    s3 = aws.client("s3", root["aws"])
+    bucket = t["bucket"]
+    removed = 0
+    try:
+        paginator = s3.get_paginator("list_object_versions")
+        for page in paginator.paginate(Bucket=bucket):
+            keys = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                    for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])]
+            for i in range(0, len(keys), 1000):
+                if keys[i:i + 1000]:
+                    s3.delete_objects(Bucket=bucket, Delete={"Objects": keys[i:i + 1000], "Quiet": True})
+                    removed += len(keys[i:i + 1000])
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents") or []]
+            if keys:
+                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                removed += len(keys)
+    except s3.exceptions.NoSuchBucket:
+        return {"removed": 0, "bucket": bucket, "absent": True}
+    return {"removed": removed, "bucket": bucket}
+
+
+ACTIONS = {"snapshot": snapshot, "delete_archive_snapshot": delete_archive_snapshot, "empty_bucket": empty_bucket}
+
+
+def run_transition(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
+    action = t.get("action")
+    if action == "record":
+        return {"noop": True}
+    fn = ACTIONS.get(action)
+    if fn is None:
+        raise TransitionError("unknown storage transition action %r" % (action,))
+    try:
+        return fn(root, t)
+    except TransitionError:
+        raise
+    except Exception as exc:  # botocore errors: name the storage and the step
+        raise TransitionError("storage '%s': %s failed: %s" % (t.get("storage"), action, exc))

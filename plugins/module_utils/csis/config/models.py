@@ -1,0 +1,827 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Strict, typed models of every file of a csis.infra configuration tree.
+
+Unknown keys are refused everywhere (``extra="forbid"``). Field names, defaults and
+allowed values follow the reference manual (docs/configuration.md lists them).
+Cross-file rules (references, state machine, zones, ...) live in ``validate.py``.
+"""
+from __future__ import annotations
+
+import re
+import traceback
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+
+try:
+    # ValidationError: for loader.py, which shares this guard
+    from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,  # pylint: disable=unused-import
+                          field_validator, model_validator)
+    HAS_PYDANTIC = True
+    PYDANTIC_IMPORT_ERROR: Optional[str] = None
+except ImportError:  # the classes below still define (inertly); module.require_libraries reports it
+    HAS_PYDANTIC = False
+    PYDANTIC_IMPORT_ERROR = traceback.format_exc()
+
+    class BaseModel:  # type: ignore[no-redef]
+        """Stand-in so this file imports without pydantic; nothing can be validated."""
+
+    class ValidationError(Exception):  # type: ignore[no-redef]
+        pass
+
+    ConfigDict = dict  # type: ignore[assignment,misc]
+
+    def Field(*args: Any, **kwargs: Any) -> Any:  # type: ignore[no-redef]  # noqa: N802 - pydantic's name
+        return None
+
+    def field_validator(*args: Any, **kwargs: Any) -> Any:  # type: ignore[no-redef]
+        return lambda fn: fn
+
+    model_validator = field_validator  # type: ignore[assignment]
+
+    def AfterValidator(fn: Any) -> Any:  # type: ignore[no-redef]  # noqa: N802 - pydantic's name
+        return None
+
+from .flags import parse_apply_flag
+
+#: What a name of anything (builder, runtime, instance, storage, group, image, backend,
+#: executable) may look like: it becomes a directory, a terraform label, a hostname
+#: part and a shell word, so nothing that could escape or inject passes.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+#: Mount points go into the launch script and /etc/fstab.
+MOUNT_POINT_RE = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*$")
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])$")
+TAG_KEY_MAX = 128
+TAG_VALUE_MAX = 256
+
+BUCKET_RULE = ("3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a "
+               "letter or digit, no '..', not shaped like an IP address")
+
+STORAGE_STATES = ("active", "archived", "destroyed")
+SHARE_MODES = ("2770", "2775")
+
+
+def show(value: Any) -> str:
+    """A value quoted for a message: ``'name'``, or its repr when it holds quotes or
+    control characters (so a message stays on one line and shows what was written)."""
+    if isinstance(value, str) and value.isprintable() and "'" not in value:
+        return "'%s'" % value
+    return repr(value)
+
+
+#: Prefix a model-level ValueError with ``KEY_MARK % "key"`` to report it at that key
+#: (the loader strips the marker and appends the key to the problem's key path).
+KEY_MARK = "[[%s]] "
+
+
+def keyed_error(key: str, message: str) -> ValueError:
+    return ValueError(KEY_MARK % key + message)
+
+
+def check_name(value: str, what: str = "name") -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("%s must be a non-empty string, got %s" % (what, show(value)))
+    if "/" in value or "\\" in value:
+        raise ValueError("%s %s must not contain '/' or '\\'" % (what, show(value)))
+    if not NAME_RE.match(value):
+        raise ValueError(
+            "%s %s is not allowed: use letters, digits, '_', '.', '-' "
+            "(starting with a letter or digit, at most 63 characters)" % (what, show(value)))
+    return value
+
+
+def normalize_builder_name(value: Any) -> Any:
+    """The manual's normalisation of builder names: lowercase, spaces to '_'."""
+    if isinstance(value, str):
+        value = value.strip().lower().replace(" ", "_")
+    return value
+
+
+def check_zone(v: str) -> str:
+    if not AZ_RE.match(v):
+        raise ValueError("availability_zone %r is not an AWS zone name (like 'us-east-2a')" % v)
+    return v
+
+
+def optional(check: Any, *args: Any) -> Any:
+    """A field validator of an optional value: None stays None, anything else must pass
+    ``check(value, *args)``."""
+    def validate(cls: Any, v: Any) -> Any:
+        return None if v is None else check(v, *args)
+    return classmethod(validate)
+
+
+def check_builder_reference(cls: Any, v: Any, info: Any) -> Any:
+    """A ``type`` (builder) or ``runtime`` reference: not empty, a plain name."""
+    what = "a runtime" if info.field_name == "runtime" else "a builder"
+    if v == "" or v is None:
+        raise ValueError("%s must not be empty: name %s, or leave the key out for the is_default one"
+                         % (info.field_name, what))
+    return check_name(normalize_builder_name(v), info.field_name)
+
+
+def label(name: str) -> str:
+    """The terraform label of a name: '-' and '.' become '_' (an HCL identifier)."""
+    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    if out and out[0].isdigit():
+        out = "n" + out
+    return out
+
+
+def archive_snapshot_name(storage: str) -> str:
+    """The Name of an EBS storage's archive snapshot (``csis-<label>-archive``, dashes only)."""
+    return "csis-%s-archive" % label(storage).replace("_", "-")
+
+
+def parse_duration(value: str) -> int:
+    """'30m', '2h', '1d' -> seconds. Raises ValueError."""
+    m = DURATION_RE.match(value.strip()) if isinstance(value, str) else None
+    if not m or int(m.group(1)) <= 0:
+        raise ValueError("duration %r must look like '30m', '2h', '1d' or '1w' (a positive number and a unit)" % (value,))
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+
+
+def check_bucket(v: str, what: str) -> str:
+    if (not isinstance(v, str) or not BUCKET_RE.match(v) or ".." in v or ".-" in v or "-." in v
+            or re.match(r"^\d+\.\d+\.\d+\.\d+$", v)):
+        raise ValueError("%s %s is not a valid S3 bucket name (%s)" % (what, show(v), BUCKET_RULE))
+    return v
+
+
+def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
+    for k, v in tags.items():
+        if not k or len(k) > TAG_KEY_MAX:
+            raise ValueError("tag key %r must be 1..%d characters" % (k, TAG_KEY_MAX))
+        if k.lower().startswith("aws:"):
+            raise ValueError("tag key %r: the 'aws:' prefix is reserved by AWS" % k)
+        if len(v) > TAG_VALUE_MAX:
+            raise ValueError("tag %r: value longer than %d characters" % (k, TAG_VALUE_MAX))
+    return tags
+
+
+class Strict(BaseModel):
+    # strict: a quoted "false" or "yes" is a string, not a boolean (no silent coercion)
+    model_config = ConfigDict(extra="forbid", validate_default=True, str_strip_whitespace=False, strict=True)
+
+
+Tags = Dict[str, str]
+#: tags checked against AWS's rules (key length, the reserved ``aws:`` prefix, value length)
+CheckedTags = Annotated[Tags, AfterValidator(_check_tags)]
+
+
+# --------------------------------------------------------------------------- cfg/_config.yml
+class ConfigFlags(Strict):
+    use_state_backends: bool = False
+    apply_identity: Optional[Any] = None
+    apply_instances: Any = False
+    apply_storage: Any = False
+    module_source_base: str = "../tfmodules"
+    require_released_builds: bool = False
+
+    @field_validator("apply_instances", "apply_storage", "apply_identity", mode="before")
+    @classmethod
+    def _flag(cls, v: Any, info: Any) -> Any:
+        if v is None and info.field_name == "apply_identity":
+            return None
+        try:
+            return parse_apply_flag(v, "@")
+        except ValueError as exc:
+            raise ValueError(str(exc)[3:] if str(exc).startswith("@: ") else str(exc))
+
+    @field_validator("module_source_base")
+    @classmethod
+    def _msb(cls, v: str) -> str:
+        if not v or any(c in v for c in '"\n\r$%'):
+            raise ValueError("module_source_base %r: must be a path or module URL without quotes, '$', '%%' or newlines" % v)
+        return v
+
+
+class ConfigFile(Strict):
+    id: Optional[str] = None
+    description: Optional[str] = None
+    config: ConfigFlags = Field(default_factory=ConfigFlags)
+
+    _id = field_validator("id")(optional(check_name, "id"))
+
+
+# --------------------------------------------------------------------------- executables
+class Executable(Strict):
+    name: str
+    type: Literal["tofu", "terraform"] = "tofu"
+    binary: str
+    version: Optional[str] = None
+    description: Optional[str] = None
+
+    _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "executable name")))
+
+    @field_validator("binary")
+    @classmethod
+    def _binary(cls, v: str) -> str:
+        if not v or any(c in v for c in "\n\r\"'`$;|&<>"):
+            raise ValueError("binary %r must be a plain path or command name" % v)
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError("version %r is not a version requirement (PEP 440, e.g. '>=1.5,<2')" % v)
+        return v
+
+
+class ExecutablesFile(Strict):
+    executables: List[Executable] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- runtime
+class Endpoints(Strict):
+    """A custom AWS endpoint: one URL for every service, and/or per-service URLs."""
+    url: Optional[str] = None
+    services: Dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            _check_url(v)
+        return v
+
+    @field_validator("services")
+    @classmethod
+    def _svc(cls, v: Dict[str, str]) -> Dict[str, str]:
+        for k, u in v.items():
+            if not re.match(r"^[a-z0-9]+$", k):
+                raise ValueError("service name %r must be a lowercase AWS service key (ec2, s3, efs, sts, ...)" % k)
+            _check_url(u)
+        return v
+
+    def for_service(self, service: str) -> Optional[str]:
+        return self.services.get(service) or self.url
+
+
+def _check_url(v: str) -> None:
+    if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d+)?(/[A-Za-z0-9._~/-]*)?$", v):
+        raise ValueError("endpoint %r must be an http(s) URL" % v)
+
+
+class Credentials(Strict):
+    profile_name: Optional[str] = None
+
+    _p = field_validator("profile_name")(optional(check_name, "profile_name"))
+
+
+class Subnet(Strict):
+    name: Optional[str] = None
+    subnet_id: str
+    availability_zone: Optional[str] = None
+    public: bool = False
+    is_default: bool = False
+
+    _az = field_validator("availability_zone")(optional(check_zone))
+
+
+_AWS_ID = re.compile(r"^[a-z]+-[0-9a-f]{8,17}$")
+
+
+def _aws_id(v: str, prefix: str) -> str:
+    if not (isinstance(v, str) and v.startswith(prefix + "-") and _AWS_ID.match(v)):
+        raise ValueError("%r is not a %s id (%s-0123abcd...)" % (v, prefix, prefix))
+    return v
+
+
+class Networking(Strict):
+    network: Optional[str] = None
+    default_subnet_id: Optional[str] = None
+    default_availability_zone: Optional[str] = None
+    ssh_ingress_security_group_ids: List[str] = Field(default_factory=list)
+    addl_security_groups: List[str] = Field(default_factory=list)
+    subnets: List[Subnet] = Field(default_factory=list)
+
+    _vpc = field_validator("network")(optional(_aws_id, "vpc"))
+
+    _sub = field_validator("default_subnet_id")(optional(_aws_id, "subnet"))
+
+    @field_validator("ssh_ingress_security_group_ids", "addl_security_groups")
+    @classmethod
+    def _sgs(cls, v: List[str]) -> List[str]:
+        return [_aws_id(x, "sg") for x in v]
+
+    @field_validator("default_availability_zone")
+    @classmethod
+    def _az(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not AZ_RE.match(v):
+            raise ValueError("default_availability_zone %r is not an AWS zone name" % v)
+        return v
+
+    def subnet_zone(self, subnet_id: Optional[str]) -> Optional[str]:
+        for s in self.subnets:
+            if s.subnet_id == subnet_id:
+                return s.availability_zone
+        return None
+
+    def effective_zone(self) -> Optional[str]:
+        """The zone an instance of this runtime lands in (its default subnet's)."""
+        return self.subnet_zone(self.default_subnet_id) or self.default_availability_zone
+
+    def private_subnets_per_zone(self) -> List[str]:
+        seen: Dict[str, str] = {}
+        for s in self.subnets:
+            if not s.public and s.availability_zone and s.availability_zone not in seen:
+                seen[s.availability_zone] = s.subnet_id
+        return list(seen.values())
+
+
+class RuntimeBuilder(Strict):
+    name: str
+    type: Literal["aws"] = "aws"
+    description: Optional[str] = None
+    aliases: List[str] = Field(default_factory=list)
+    is_default: bool = False
+    region: str
+    account_id: Optional[str] = None
+    credentials: Credentials = Field(default_factory=Credentials)
+    endpoints: Endpoints = Field(default_factory=Endpoints)
+    skip_credentials_validation: bool = False
+    skip_requesting_account_id: bool = False
+    skip_metadata_api_check: bool = False
+    s3_use_path_style: bool = False
+    session_mechanism: Literal["ssm", "ssh", "none"] = "ssm"
+    session_instance_profile: Optional[str] = None
+    default_machine_type: str = "t3.micro"
+    networking: Networking = Field(default_factory=Networking)
+    state_configuration: Optional[str] = None
+    on_failure: Literal["keep", "teardown"] = "keep"
+    teardown_after: Optional[str] = None
+    tags: CheckedTags = Field(default_factory=dict)
+    config: Dict[str, Any] = Field(default_factory=dict)
+
+    _n = field_validator("name", mode="before")(classmethod(lambda cls, v: check_name(normalize_builder_name(v), "runtime name")))
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d$", v):
+            raise ValueError("region %r is not an AWS region name (like 'us-east-2')" % v)
+        return v
+
+    @field_validator("account_id")
+    @classmethod
+    def _acct(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^\d{12}$", str(v)):
+            raise ValueError("account_id must be 12 digits")
+        return v
+
+    @field_validator("session_instance_profile", "default_machine_type")
+    @classmethod
+    def _plain(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^[A-Za-z0-9+=,.@_-]{1,128}$", v):
+            raise ValueError("%r must be a plain AWS name" % v)
+        return v
+
+    @field_validator("teardown_after")
+    @classmethod
+    def _ta(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+
+class RuntimeBuildersFile(Strict):
+    runtime_builders: List[RuntimeBuilder] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- state backends
+class StateBackend(Strict):
+    name: str
+    type: Literal["s3", "local"]
+    description: Optional[str] = None
+    is_default: bool = False
+    # s3
+    bucket: Optional[str] = None
+    key: Optional[str] = None
+    region: Optional[str] = None
+    profile: Optional[str] = None
+    encrypt: bool = True
+    use_lockfile: bool = True
+    endpoints: Endpoints = Field(default_factory=Endpoints)
+    use_path_style: bool = False
+    skip_credentials_validation: bool = False
+    # local
+    directory: Optional[str] = None
+
+    _n = field_validator("name", mode="before")(classmethod(lambda cls, v: check_name(normalize_builder_name(v), "state backend name")))
+
+    @field_validator("key", "directory")
+    @classmethod
+    def _path(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        parts = v.split("/")
+        if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+$", p) for p in parts if p):
+            raise ValueError("%r must be a relative path of plain names (no '..', no leading '/')" % v)
+        return v.strip("/")
+
+    _bucket = field_validator("bucket")(optional(check_bucket, "bucket"))
+
+    _p = field_validator("profile")(optional(check_name, "profile"))
+
+    @model_validator(mode="after")
+    def _required(self) -> "StateBackend":
+        if self.type == "s3":
+            missing = [k for k in ("bucket", "key", "region") if not getattr(self, k)]
+            if missing:
+                raise keyed_error(missing[0], "an s3 state backend needs %s" % ", ".join(missing))
+        else:
+            if self.bucket or self.key:
+                raise keyed_error("bucket" if self.bucket else "key",
+                                  "a local state backend takes 'directory', not bucket/key")
+        return self
+
+
+class StateBackendsFile(Strict):
+    state_backends: List[StateBackend] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- builders
+class RequiredPlugin(Strict):
+    name: str
+    version: str
+    source: Optional[str] = None
+    config: Dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _n(cls, v: str) -> str:
+        if not re.match(r"^[a-z][a-z0-9_-]*$", v):
+            raise ValueError("provider name %r must be a terraform provider local name" % v)
+        return v
+
+    @field_validator("version", "source")
+    @classmethod
+    def _s(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and any(c in v for c in '"\\\n$%'):
+            raise ValueError("%r must not contain quotes, backslashes, '$', '%%' or newlines" % v)
+        return v
+
+
+class _BuilderBase(Strict):
+    name: str
+    type: str
+    description: Optional[str] = None
+    aliases: List[str] = Field(default_factory=list)
+    executable: Optional[str] = "tofu"
+    is_default: bool = False
+    config: Dict[str, Any] = Field(default_factory=dict)
+    gitignore: List[str] = Field(default_factory=list)
+    tags: CheckedTags = Field(default_factory=dict)
+    runtime: str = "default"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parameters(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "parameters" in data:
+            raise keyed_error("parameters", "'parameters:' is not supported on builders; declare module inputs under 'variables:' instead")
+        return data
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, v: Any) -> Any:
+        return check_name(normalize_builder_name(v), "builder name")
+
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _aliases(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [check_name(normalize_builder_name(x), "alias") for x in v]
+        return v
+
+    @field_validator("runtime", mode="before")
+    @classmethod
+    def _rt(cls, v: Any) -> Any:
+        return check_name(normalize_builder_name(v), "runtime")
+
+
+class InstanceBuilder(_BuilderBase):
+    type: Literal["tofu"]
+    required_plugins: List[RequiredPlugin] = Field(default_factory=list)
+    state_configuration: str = "default"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _novars(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "variables" in data:
+                raise keyed_error("variables", "'variables:' is not supported on an instance builder: the module inputs come from the instance and its runtime")
+            if "modifications" in data:
+                raise keyed_error("modifications", "'modifications:' belong on images, not on an instance builder")
+        return data
+
+
+class EbsVariables(Strict):
+    volume_type: Optional[Literal["gp2", "gp3", "io1", "io2", "st1", "sc1", "standard"]] = None
+    encrypted: Optional[bool] = None
+    tags: Tags = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "size" in data:
+            raise keyed_error("size", "'size' is a builder field of tf-aws-ebs, not a variable: move it out of 'variables:'")
+        return data
+
+
+class EfsVariables(Strict):
+    performance_mode: Optional[Literal["generalPurpose", "maxIO"]] = None
+    encrypted: Optional[bool] = None
+    tags: Tags = Field(default_factory=dict)
+
+
+class S3Variables(Strict):
+    force_destroy: Optional[bool] = None
+    tags: Tags = Field(default_factory=dict)
+
+
+class _StorageBuilderBase(_BuilderBase):
+    required_plugins: List[RequiredPlugin] = Field(default_factory=list)
+    state_configuration: str = "default"
+
+
+class TfAwsStorageBuilder(_StorageBuilderBase):
+    """``tf-aws``: the abstract base; accepted at load, refused at validate (it emits nothing)."""
+    type: Literal["tf-aws"]
+    variables: Dict[str, Any] = Field(default_factory=dict)
+
+
+class EbsStorageBuilder(_StorageBuilderBase):
+    type: Literal["tf-aws-ebs"]
+    size: int = Field(default=100, gt=0, le=65536)
+    variables: EbsVariables = Field(default_factory=EbsVariables)
+
+
+class EfsStorageBuilder(_StorageBuilderBase):
+    type: Literal["tf-aws-efs"]
+    variables: EfsVariables = Field(default_factory=EfsVariables)
+
+
+class S3StorageBuilder(_StorageBuilderBase):
+    type: Literal["tf-aws-s3"]
+    bucket_name: str
+    variables: S3Variables = Field(default_factory=S3Variables)
+
+    @field_validator("bucket_name")
+    @classmethod
+    def _b(cls, v: str) -> str:
+        return check_bucket(v, "bucket_name")
+
+
+StorageBuilder = Annotated[Union[EbsStorageBuilder, EfsStorageBuilder, S3StorageBuilder, TfAwsStorageBuilder],
+                           Field(discriminator="type")]
+
+#: capability type, cardinality, zonal, POSIX, archive support per storage builder type
+STORAGE_KINDS: Dict[str, Dict[str, Any]] = {
+    "tf-aws-ebs": {"capability": "ebs", "single_attach": True, "zonal": True, "posix": True, "archive": True,
+                   "module": "aws_storage_ebs"},
+    "tf-aws-efs": {"capability": "efs", "single_attach": False, "zonal": False, "posix": True, "archive": False,
+                   "module": "aws_storage_efs"},
+    "tf-aws-s3": {"capability": "s3", "single_attach": False, "zonal": False, "posix": False, "archive": False,
+                  "module": "aws_storage_s3"},
+    "tf-aws": {"capability": None, "single_attach": False, "zonal": False, "posix": False, "archive": False,
+               "module": None},
+}
+
+
+class InstanceBuildersFile(Strict):
+    instance_builders: List[InstanceBuilder] = Field(default_factory=list)
+
+
+class StorageBuildersFile(Strict):
+    # the entry's ``type`` selects its model (an unknown type is reported at its key)
+    storage_builders: List[StorageBuilder] = Field(default_factory=list)
+
+
+class GroupBuilder(_BuilderBase):
+    """An identity builder: owns groups and publishes their gids from its own root."""
+    type: Literal["tf-identity"]
+    executable: Optional[str] = "tofu"
+    state_configuration: str = "default"
+    required_plugins: List[RequiredPlugin] = Field(default_factory=list)
+
+
+class GroupBuildersFile(Strict):
+    group_builders: List[GroupBuilder] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- groups, images
+class Group(Strict):
+    name: str
+    gid: int = Field(gt=0, lt=2 ** 31)
+    type: str = "default"
+    description: Optional[str] = None
+
+    _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "group name")))
+
+    @field_validator("name")
+    @classmethod
+    def _all(cls, v: str) -> str:
+        if v == "ALL":
+            raise ValueError("the group name 'ALL' is retired; list the groups explicitly")
+        return v
+
+
+class GroupsFile(Strict):
+    groups: List[Group] = Field(default_factory=list)
+
+
+class ImageTests(Strict):
+    post_bake: List[str] = Field(default_factory=list)
+
+
+class Image(Strict):
+    name: str
+    group: Optional[str] = None
+    description: Optional[str] = None
+    name_pattern: Optional[str] = None
+    ami_id: Optional[str] = None
+    storage_types: List[Literal["ebs", "efs", "s3"]] = Field(default_factory=list)
+    runtimes: List[str] = Field(default_factory=list)
+    tests: ImageTests = Field(default_factory=ImageTests)
+    tags: Tags = Field(default_factory=dict)
+
+    _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "image name")))
+
+    @field_validator("name_pattern")
+    @classmethod
+    def _np(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.match(r"^[A-Za-z0-9_.()\[\]/ -]{1,120}$", v):
+            raise ValueError("name_pattern %r: use the AMI name prefix (letters, digits, '_.-()[]/ ')" % v)
+        return v
+
+    _ami = field_validator("ami_id")(optional(_aws_id, "ami"))
+
+
+class ImagesFile(Strict):
+    images: List[Image] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- storages
+class Storage(Strict):
+    name: str
+    type: str = "default"
+    runtime: str = "default"
+    description: Optional[str] = None
+    groups: List[str] = Field(default_factory=list)
+    public_read: bool = False
+    share_mode: Literal["2770", "2775"] = "2770"
+    state: Literal["active", "archived", "destroyed"] = "active"
+    availability_zone: Optional[str] = None
+    bucket_name: Optional[str] = None
+    config: Dict[str, Any] = Field(default_factory=dict)
+    lifecycle: Optional[Dict[str, Any]] = None
+    tags: CheckedTags = Field(default_factory=dict)
+    mount_point: Optional[str] = None
+    source: Optional[str] = None
+    ephemeral: bool = False
+    generative: bool = False
+    singleton: bool = False
+    is_default: bool = False
+
+    _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "storage name")))
+
+    @field_validator("share_mode", mode="before")
+    @classmethod
+    def _sm(cls, v: Any) -> Any:
+        if isinstance(v, int):
+            v = str(v)
+        if v not in SHARE_MODES:
+            raise ValueError("share_mode %r: expected one of ('2770', '2775') (N15)" % (v,))
+        return v
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state(cls, v: Any) -> Any:
+        if v not in STORAGE_STATES:
+            raise ValueError("unknown state %r: expected one of active, archived, destroyed" % (v,))
+        return v
+
+    _ref = field_validator("type", "runtime", mode="before")(classmethod(check_builder_reference))
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: List[str]) -> List[str]:
+        for g in v:
+            if g == "ALL":
+                raise ValueError("the group value 'ALL' is retired; list the groups explicitly (or set public_read)")
+            check_name(g, "group")
+        return v
+
+    _az = field_validator("availability_zone")(optional(check_zone))
+
+    _b = field_validator("bucket_name")(optional(check_bucket, "bucket_name"))
+
+    @field_validator("config")
+    @classmethod
+    def _cfg(cls, v: Dict[str, Any]) -> Dict[str, Any]:
+        fsid = v.get("file_system_id")
+        if fsid is not None and not re.match(r"^fs-[0-9a-f]{8,17}$", str(fsid)):
+            raise ValueError("config.file_system_id %r is not an EFS filesystem id (fs-...)" % (fsid,))
+        return v
+
+
+class StoragesFile(Strict):
+    storages: List[Storage] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- instances
+class StorageMapping(Strict):
+    name: str
+    mount_point: str = "/mnt/storage"
+    min_size: int = 100
+
+    _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "storage name")))
+
+    @field_validator("min_size")
+    @classmethod
+    def _min(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError("min_size must be a positive number of GB, got %d" % v)
+        return v
+
+    @field_validator("mount_point")
+    @classmethod
+    def _mp(cls, v: str) -> str:
+        if not v:
+            raise ValueError("mount_point must not be empty")
+        if not MOUNT_POINT_RE.match(v) or "/../" in v + "/" or "/./" in v + "/" or v == "/":
+            raise ValueError("mount_point %s must be an absolute path of plain names (letters, digits, '_.@+-'), "
+                             "without '..', spaces or quotes" % show(v))
+        return v
+
+
+class Instance(Strict):
+    name: str
+    type: str = "default"
+    image: Optional[str] = None
+    runtime: str = "default"
+    description: Optional[str] = None
+    storages: List[StorageMapping] = Field(default_factory=list)
+    userdata: str = ""
+    image_policy: str = "pinned"
+    ephemeral: bool = False
+    on_failure: Optional[str] = None
+    teardown_after: Optional[str] = None
+    machine_type: str = ""
+    availability_zone: Optional[str] = None
+    tags: CheckedTags = Field(default_factory=dict)
+    config: Dict[str, Any] = Field(default_factory=dict)
+    aliases: List[str] = Field(default_factory=list)
+    undeclare: bool = False
+
+    _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "instance name")))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nogroups(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "groups" in data:
+            raise keyed_error("groups", "'groups:' is not allowed on an instance: ownership lives on the image's 'group'")
+        return data
+
+    _ref = field_validator("type", "runtime", mode="before")(classmethod(check_builder_reference))
+
+    @field_validator("storages")
+    @classmethod
+    def _dedupe(cls, v: List[StorageMapping]) -> List[StorageMapping]:
+        # The same storage listed twice keeps the later mapping (manual), in first-seen order.
+        out: Dict[str, StorageMapping] = {}
+        for m in v:
+            out[m.name] = m
+        return list(out.values())
+
+    @field_validator("machine_type")
+    @classmethod
+    def _mt(cls, v: str) -> str:
+        if v and not re.match(r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", v):
+            raise ValueError("machine_type %r is not an EC2 instance type (like 't3.medium')" % v)
+        return v
+
+    _az = field_validator("availability_zone")(optional(check_zone))
+
+
+class InstancesFile(Strict):
+    instances: List[Instance] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- overlays
+class OverlayFile(Strict):
+    """An overlay: ``config:`` keys replace the file's; runtime and backend entries are
+    deep-merged by name onto the declared ones (e.g. a local endpoint and networking)."""
+    config: Dict[str, Any] = Field(default_factory=dict)
+    runtime_builders: List[Dict[str, Any]] = Field(default_factory=list)
+    state_backends: List[Dict[str, Any]] = Field(default_factory=list)
+    description: Optional[str] = None

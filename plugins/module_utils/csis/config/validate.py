@@ -1,0 +1,630 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The cross-file rules of the reference manual's "At validate" list, and the one
+validation every module runs (:func:`load_and_validate`: csis_validate, csis_render).
+
+Every rule appends :class:`~..errors.Problem` entries; :func:`validate_tree` returns
+all of them at once. Offline: the only process started is the declared terraform
+binary's ``version -json`` (no network).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+from ..errors import ConfigError, Problem
+from ..render.launch import compute_launch_params, immutability_problems, pending_replacement
+from ..state.store import MetaState, MetaStateError
+from ..terraform import version as terraform_version
+from . import models as m
+from .loader import Tree, load_tree_partial
+
+S3_LIFECYCLE_CLASSES = ["STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"]
+EFS_IA_DAYS = [1, 7, 14, 30, 60, 90, 180, 270, 365]
+EFS_ARCHIVE_DAYS = [90, 180, 270, 365]
+
+#: legal (current -> requested) storage transitions; None = never applied
+LEGAL_TRANSITIONS: Set[Tuple[Optional[str], str]] = {
+    (None, "active"),
+    ("active", "active"), ("archived", "archived"), ("destroyed", "destroyed"),
+    ("active", "archived"),
+    ("archived", "active"),
+    ("active", "destroyed"),
+    ("archived", "destroyed"),
+    ("destroyed", "active"),
+}
+
+
+def _names(xs: Iterable[str]) -> str:
+    return "[" + ", ".join("'%s'" % x for x in sorted(xs)) + "]"
+
+
+class Validation:
+    def __init__(self, tree: Tree, meta: Mapping[str, Any]):
+        self.t = tree
+        self.meta = meta
+        self.problems: List[Problem] = []
+        self._launched: Optional[Dict[str, Any]] = None
+        self._declared: Optional[Dict[str, Set[str]]] = None
+        self._recorded: Optional[Dict[str, Set[str]]] = None
+
+    def add(self, kind: str, name: str, key: str, message: str) -> None:
+        f, k = self.t.at(kind, name, key)
+        self.problems.append(Problem(f, k, message))
+
+    # ------------------------------------------------------------------ helpers
+    def storage_state_records(self) -> Dict[str, Any]:
+        return (self.meta.get("storage-state.yaml") or {}).get("storages") or {}
+
+    def launched_records(self) -> Dict[str, Any]:
+        if self._launched is None:
+            recs = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
+            self._launched = {n: r for n, r in recs.items() if isinstance(r, dict) and r.get("launched")}
+        return self._launched
+
+    def _index(self) -> Tuple[Dict[str, Set[str]], Dict[str, Set[str]]]:
+        """storage -> declared attachers, storage -> recorded (launched) attachers; built once."""
+        if self._declared is None:
+            declared: Dict[str, Set[str]] = {}
+            for n, i in self.t.instances.items():
+                for s in i.storages:
+                    declared.setdefault(s.name, set()).add(n)
+            recorded: Dict[str, Set[str]] = {}
+            for n, rec in self.launched_records().items():
+                for mnt in rec.get("mounts") or []:
+                    if isinstance(mnt, dict) and isinstance(mnt.get("storage"), str):
+                        recorded.setdefault(mnt["storage"], set()).add(n)
+            self._declared, self._recorded = declared, recorded
+        return self._declared, self._recorded  # type: ignore[return-value]
+
+    def attachers(self, storage: str) -> List[str]:
+        """Who attaches ``storage``: declared instances plus launched records (reality)."""
+        declared, recorded = self._index()
+        return sorted(declared.get(storage, set()) | recorded.get(storage, set()))
+
+    def declared_attachers(self, storage: str) -> List[str]:
+        return sorted(self._index()[0].get(storage, set()))
+
+    # ------------------------------------------------------------------ rules
+    def unresolved(self, kind: str, ref: str, table: Dict[str, Any]) -> Optional[str]:
+        """The message for a reference ``ref`` to a ``kind`` that resolves to nothing,
+        or None when it should not be reported (see :meth:`Tree.dangling`)."""
+        if not self.t.dangling(kind, ref):
+            return None
+        if ref == "default":
+            defaults = sorted(n for n, b in table.items() if getattr(b, "is_default", False))
+            if len(defaults) > 1:
+                return None  # reported once, at the builders' is_default
+            return ("'default' (or no type) resolves to the %s marked is_default: true, and none is "
+                    "(%ss: %s)" % (kind, kind, _names(table)))
+        return None if ref in table else ""
+
+    def add_unresolved(self, kind: str, name: str, key: str, ref_kind: str, ref: str, table: Dict[str, Any],
+                       missing: str) -> None:
+        """Report ``kind`` ``name``'s ``key`` referring to a ``ref_kind`` that resolves to nothing
+        (``missing`` is the message when the name is simply not declared)."""
+        msg = self.unresolved(ref_kind, ref, table)
+        if msg is not None:
+            self.add(kind, name, key, msg or missing)
+
+    def builder_and_runtime(self, kind: str, obj: Any, builder: Any, builders: Dict[str, Any]) -> bool:
+        """Report a storage's or an instance's builder (``type``) or ``runtime`` that resolves to
+        nothing; return whether the runtime resolves."""
+        t = self.t
+        if builder is None:
+            self.add_unresolved(kind, obj.name, "type", "%s builder" % kind, obj.type, builders,
+                                "%s builder '%s' is not declared (%s builders: %s)" % (kind, obj.type, kind, _names(builders)))
+        if t.runtime(obj.runtime) is None:
+            self.add_unresolved(kind, obj.name, "runtime", "runtime", obj.runtime, t.runtimes,
+                                "names unknown runtime '%s' (declared: %s)" % (obj.runtime, _names(t.runtimes)))
+            return False
+        return True
+
+    def references(self) -> None:
+        t = self.t
+        for kind, table in (("runtime", t.runtimes), ("backend", t.backends), ("instance builder", t.instance_builders),
+                            ("storage builder", t.storage_builders), ("group builder", t.group_builders)):
+            defaults = [n for n, b in table.items() if getattr(b, "is_default", False)]
+            if len(defaults) > 1:
+                for n in defaults:
+                    self.add(kind, n, "is_default", "more than one %s is marked is_default: %s" % (kind, _names(defaults)))
+            # aliases: a name or alias must select exactly one entry
+            owner: Dict[str, str] = {n: n for n in table}
+            for n, b in table.items():
+                for a in getattr(b, "aliases", None) or []:
+                    if a in owner and owner[a] != n:
+                        self.add(kind, n, "aliases", "alias '%s' of %s '%s' is already the name or an alias of %s '%s'"
+                                 % (a, kind, n, kind, owner[a]))
+                    else:
+                        owner[a] = n
+        for rt in t.runtimes.values():
+            if rt.state_configuration and rt.state_configuration not in t.backends and t.dangling("backend", rt.state_configuration):
+                self.add("runtime", rt.name, "state_configuration",
+                         "names state backend '%s', which is not declared in cfg/state-backends.yml (declared: %s)"
+                         % (rt.state_configuration, _names(t.backends)))
+        builders: List[Tuple[str, Any]] = [("instance builder", b) for b in t.instance_builders.values()]
+        builders += [("storage builder", b) for b in t.storage_builders.values()]
+        builders += [("group builder", b) for b in t.group_builders.values()]
+        for kind, b in builders:
+            if t.builder_runtime(b) is None and t.dangling("runtime", b.runtime):
+                if b.runtime == "default":
+                    msg = "%s %s does not specify a runtime provider (no runtime is is_default)" % (kind.capitalize(), b.name)
+                    if len([r for r in t.runtimes.values() if r.is_default]) > 1:
+                        msg = None
+                else:
+                    msg = "%s %s has runtime provider %s which is not configured" % (kind.capitalize(), b.name, b.runtime)
+                if msg:
+                    self.add(kind, b.name, "runtime", msg)
+            if b.executable is not None and b.executable not in t.executables and t.dangling("executable", b.executable):
+                self.add(kind, b.name, "executable",
+                         "names executable '%s', which is not declared in cfg/executables.yml (declared: %s)"
+                         % (b.executable, _names(t.executables)))
+            if self.config_known("use_state_backends") and t.config.use_state_backends:
+                ref = getattr(b, "state_configuration", "default")
+                if t.backend_for(b) is None:
+                    rt = t.builder_runtime(b)
+                    if ref != "default":
+                        msg = ("state_configuration '%s' names no declared state backend (declared: %s)"
+                               % (ref, _names(t.backends))) if t.dangling("backend", ref) else None
+                    elif rt is None or (rt.state_configuration and rt.state_configuration not in t.backends) \
+                            or not t.dangling("backend", "default") \
+                            or len([x for x in t.backends.values() if x.is_default]) > 1:
+                        msg = None  # the runtime's own reference (or the backends file) is reported
+                    else:
+                        msg = ("no state backend resolves (neither the builder, its runtime nor an is_default "
+                               "backend names one) while config.use_state_backends is on")
+                    if msg:
+                        self.add(kind, b.name, "state_configuration", msg)
+            if kind == "storage builder" and b.type == "tf-aws":
+                self.add(kind, b.name, "type",
+                         "type 'tf-aws' is the abstract base and emits nothing (TofuStorageBuilder must name its "
+                         "terraform module): use tf-aws-ebs, tf-aws-efs or tf-aws-s3")
+        for g in t.groups.values():
+            if t.group_builder_for(g) is None:
+                self.add_unresolved("group", g.name, "type", "group builder", g.type, t.group_builders,
+                                    "group builder '%s' is not declared in cfg/group-builders.yml (a group needs an "
+                                    "identity builder to publish its gid)" % g.type)
+        for img in t.images.values():
+            if img.group is not None and img.group not in t.groups and t.dangling("group", img.group):
+                self.add("image", img.name, "group", "names unknown group '%s' (declared: %s)" % (img.group, _names(t.groups)))
+            for rt in img.runtimes:
+                if t.runtime(rt) is None and t.dangling("runtime", rt):
+                    self.add("image", img.name, "runtimes", "names unknown runtime '%s' (declared: %s)" % (rt, _names(t.runtimes)))
+        for st in t.storages.values():
+            self.builder_and_runtime("storage", st, t.storage_builder_for(st), t.storage_builders)
+            for g in st.groups:
+                if g not in t.groups and t.dangling("group", g):
+                    self.add("storage", st.name, "groups", "storage '%s' allows unknown group '%s'" % (st.name, g))
+        unknown_att: Dict[str, List[str]] = {}
+        for inst in t.instances.values():
+            if self.builder_and_runtime("instance", inst, t.instance_builder_for(inst), t.instance_builders):
+                b = t.instance_builder_for(inst)
+                if b is not None and inst.runtime != "default" and t.builder_runtime(b) is not None \
+                        and t.runtime(inst.runtime).name != t.builder_runtime(b).name:
+                    self.add("instance", inst.name, "runtime",
+                             "runtime '%s' differs from its builder '%s''s runtime '%s' (the builder's runtime launches it)"
+                             % (inst.runtime, b.name, t.builder_runtime(b).name))
+            if not inst.image:
+                self.add("instance", inst.name, "image", "instance '%s' declares no image" % inst.name)
+            elif inst.image not in t.images and t.dangling("image", inst.image):
+                self.add("instance", inst.name, "image", "names unknown image '%s' (declared: %s)" % (inst.image, _names(t.images)))
+            for mp in inst.storages:
+                if mp.name not in t.storages and t.dangling("storage", mp.name):
+                    unknown_att.setdefault(mp.name, []).append(inst.name)
+        for s, insts in unknown_att.items():
+            for i in insts:
+                self.add("instance", i, "storages", "instances %s attach unknown storage '%s'" % (_names(insts), s))
+        # mount points unique per instance
+        for inst in t.instances.values():
+            seen: Dict[str, str] = {}
+            for mp in inst.storages:
+                if mp.mount_point in seen:
+                    self.add("instance", inst.name, "storages",
+                             "storages '%s' and '%s' both mount at %s" % (seen[mp.mount_point], mp.name, mp.mount_point))
+                seen[mp.mount_point] = mp.name
+        # buckets: one bucket, one storage
+        owners: Dict[str, str] = {}
+        for st in t.storages.values():
+            b = t.storage_builder_for(st)
+            if b is None or b.type != "tf-aws-s3":
+                continue
+            bucket = st.bucket_name or st.name
+            if bucket in owners:
+                self.add("storage", st.name, "bucket_name",
+                         "bucket '%s' is already the bucket of storage '%s': each S3 storage needs its own bucket" % (bucket, owners[bucket]))
+            owners[bucket] = st.name
+        # apply flags that list names: each must name a builder or a runtime
+        known = set(t.runtimes) | set(t.instance_builders) | set(t.storage_builders) | set(t.group_builders)
+        for table in (t.runtimes, t.instance_builders, t.storage_builders, t.group_builders):
+            for b in table.values():
+                known.update(getattr(b, "aliases", None) or [])
+        if not ({"runtime", "instance builder", "storage builder", "group builder"} & t.unloaded) and not t.broken:
+            for key in ("apply_identity", "apply_instances", "apply_storage"):
+                flag = getattr(t.config, key)
+                if isinstance(flag, list) and self.config_known(key):
+                    for i, n in enumerate(flag):
+                        if m.normalize_builder_name(n) not in known:
+                            self.problems.append(Problem(
+                                t.config_source.get(key, "cfg/_config.yml"), "config.%s[%d]" % (key, i),
+                                "'%s' names neither a builder nor a runtime (declared: %s)" % (n, _names(known))))
+
+    def config_known(self, key: str) -> bool:
+        return "*" not in self.t.config_unknown and key not in self.t.config_unknown
+
+    def labels(self) -> None:
+        t = self.t
+        for kind, table, prefix in (("instance", t.instances, "instance_"), ("storage", t.storages, "storage_"),
+                                    ("instance builder", t.instance_builders, ""),
+                                    ("storage builder", t.storage_builders, ""),
+                                    ("group builder", t.group_builders, "")):
+            seen: Dict[str, str] = {}
+            for name in table:
+                lab = m.label(name)
+                if lab in seen:
+                    self.add(kind, name, "name",
+                             "%s names '%s' and '%s' both become the terraform label '%s%s': rename one"
+                             % (kind, seen[lab], name, prefix, lab))
+                seen[lab] = name
+        # recorded (undeclared) storages and instances keep their labels too
+        for name in self.storage_state_records():
+            if name not in t.storages:
+                for other in t.storages:
+                    if m.label(other) == m.label(name):
+                        self.add("storage", other, "name",
+                                 "storage '%s' and the recorded storage '%s' both become the terraform label 'storage_%s'"
+                                 % (other, name, m.label(name)))
+        builder_labels: Dict[str, Tuple[str, str]] = {}
+        for kind, table in (("instance builder", t.instance_builders), ("storage builder", t.storage_builders),
+                            ("group builder", t.group_builders)):
+            for name in table:
+                lab = m.label(name)
+                if lab in builder_labels and builder_labels[lab][1] != name:
+                    self.add(kind, name, "name", "builders '%s' and '%s' both become the workspace label '%s'"
+                             % (builder_labels[lab][1], name, lab))
+                builder_labels[lab] = (kind, name)
+
+    def attach_rules(self) -> None:
+        t = self.t
+        for inst in t.instances.values():
+            img = t.image_of(inst)
+            group = img.group if img else None
+            for mp in inst.storages:
+                st = t.storages.get(mp.name)
+                if st is None:
+                    continue
+                if st.groups and not st.public_read:
+                    if group is None:
+                        self.add("instance", inst.name, "storages",
+                                 "instance '%s' attaches group-gated storage '%s' but its image '%s' has no owning group"
+                                 % (inst.name, st.name, inst.image))
+                    elif group not in st.groups:
+                        self.add("instance", inst.name, "storages",
+                                 "instance '%s' (image '%s', group '%s') may not attach storage '%s': allowed groups are %s (N2)"
+                                 % (inst.name, inst.image, group, st.name, _names(st.groups)))
+                elif not st.groups and not st.public_read:
+                    self.add("instance", inst.name, "storages",
+                             "instance '%s' (image '%s', group '%s') may not attach storage '%s': allowed groups are [] (N2)"
+                             % (inst.name, inst.image, group, st.name))
+                b = t.storage_builder_for(st)
+                if b is None or img is None:
+                    continue
+                cap = t.kind_of(b)["capability"]
+                if cap and cap not in img.storage_types:
+                    self.add("instance", inst.name, "storages",
+                             "instance '%s' (image '%s') attaches storage '%s' of type '%s' which base '%s' does not declare (declared: %s)"
+                             % (inst.name, inst.image, st.name, cap, img.name, _names(img.storage_types)))
+
+    def cardinality(self) -> None:
+        t = self.t
+        for st in t.storages.values():
+            b = t.storage_builder_for(st)
+            if b is None or not t.kind_of(b)["single_attach"]:
+                continue
+            users = self.declared_attachers(st.name)
+            if len(users) > 1:
+                rt = t.builder_runtime(b)
+                multi = sorted(n for n, x in t.storage_builders.items()
+                               if not t.kind_of(x)["single_attach"] and x.type != "tf-aws"
+                               and (rt is None or t.builder_runtime(x) is rt))
+                self.add("storage", st.name, "",
+                         "storage '%s' (%s) is single-attach but instances %s all attach it (N16); multi-host storage builders on %s: %s"
+                         % (st.name, b.name, _names(users), rt.name if rt else "?", _names(multi)))
+
+    def lifecycles(self) -> None:
+        t = self.t
+        for st in t.storages.values():
+            if st.lifecycle is None:
+                continue
+            b = t.storage_builder_for(st)
+            if b is None:
+                continue
+            lc = st.lifecycle
+
+            def add(msg: str, name: str = st.name) -> None:
+                self.add("storage", name, "lifecycle", msg)
+
+            if b.type == "tf-aws-ebs":
+                add("storage '%s' (%s) declares a data lifecycle, which its builder does not realize (no lifecycle on ebs storages)"
+                    % (st.name, b.name))
+            elif b.type == "tf-aws-efs":
+                unknown = sorted(set(lc) - {"ia_days", "archive_days"})
+                if unknown:
+                    add("storage '%s': unknown lifecycle keys %s (efs: ia_days, archive_days)" % (st.name, _names(unknown)))
+                if "ia_days" in lc and (isinstance(lc["ia_days"], bool) or lc["ia_days"] not in EFS_IA_DAYS):
+                    add("storage '%s': lifecycle.ia_days must be one of %s, got %r" % (st.name, EFS_IA_DAYS, lc["ia_days"]))
+                if "archive_days" in lc and (isinstance(lc["archive_days"], bool) or lc["archive_days"] not in EFS_ARCHIVE_DAYS):
+                    add("storage '%s': lifecycle.archive_days must be one of %s, got %r" % (st.name, EFS_ARCHIVE_DAYS, lc["archive_days"]))
+            elif b.type == "tf-aws-s3":
+                unknown = sorted(set(lc) - {"transition_days", "storage_class", "expire_days", "prefix"})
+                if unknown:
+                    add("storage '%s': unknown lifecycle keys %s (s3: transition_days, storage_class, expire_days, prefix)"
+                        % (st.name, _names(unknown)))
+                for k in ("transition_days", "expire_days"):
+                    if k in lc and (isinstance(lc[k], bool) or not isinstance(lc[k], int) or lc[k] <= 0):
+                        add("storage '%s': lifecycle.%s must be a positive int, got %r" % (st.name, k, lc[k]))
+                if "storage_class" in lc and lc["storage_class"] not in S3_LIFECYCLE_CLASSES:
+                    add("storage '%s': lifecycle.storage_class must be one of [%s], got %r"
+                        % (st.name, ", ".join(S3_LIFECYCLE_CLASSES), lc["storage_class"]))
+                if "storage_class" in lc and "transition_days" not in lc:
+                    add("storage '%s': lifecycle.storage_class needs transition_days" % st.name)
+                if "transition_days" in lc and "storage_class" not in lc:
+                    add("storage '%s': lifecycle.transition_days needs storage_class" % st.name)
+                if "transition_days" not in lc and "expire_days" not in lc:
+                    add("storage '%s': lifecycle declares neither transition_days nor expire_days" % st.name)
+                if "prefix" in lc and (not isinstance(lc["prefix"], str) or any(c in lc["prefix"] for c in "\n\r")):
+                    add("storage '%s': lifecycle.prefix must be a string" % st.name)
+
+    def state_machine(self) -> None:
+        t = self.t
+        if self.meta.get("storage-state.yaml") is None or self.meta.get("launch-params.yaml") is None:
+            return  # the meta-state file did not load; its problem is reported
+        records = self.storage_state_records()
+        for st in t.storages.values():
+            rec = records.get(st.name) or {}
+            cur = rec.get("state")
+            req = st.state
+            b = t.storage_builder_for(st)
+            if req == "archived" and b is not None and not t.kind_of(b)["archive"]:
+                self.add("storage", st.name, "state",
+                         "storage '%s' (%s) requests archived, which its builder does not realize (snapshot + restore); "
+                         "only builders that support archiving may"
+                         % (st.name, b.type))
+                continue
+            if cur is None and req != "active":
+                self.add("storage", st.name, "state",
+                         "storage '%s' has never been applied; a new storage must start 'active', not '%s'" % (st.name, req))
+                continue
+            if (cur, req) not in LEGAL_TRANSITIONS:
+                self.add("storage", st.name, "state", "storage '%s': transition %s -> %s is not legal" % (st.name, cur, req))
+                continue
+            attached = self.attachers(st.name)
+            if cur != req and req != "active" and attached:
+                self.add("storage", st.name, "state",
+                         "storage '%s' cannot move %s -> %s while attached by %s (detach in one run, transition in the next; N21)"
+                         % (st.name, cur or "new", req, _names(attached)))
+            elif cur == req and req != "active" and self.declared_attachers(st.name):
+                self.add("storage", st.name, "state",
+                         "storage '%s' is %s but instances attach it: %s" % (st.name, req, _names(self.declared_attachers(st.name))))
+        # attachments of non-active storages
+        for st in t.storages.values():
+            if st.state != "active":
+                users = self.declared_attachers(st.name)
+                if users and (records.get(st.name) or {}).get("state") in (None, st.state):
+                    pass  # reported above ("is <state> but instances attach it")
+                elif users:
+                    for u in users:
+                        self.add("instance", u, "storages",
+                                 "instances %s attach storage '%s' which is %s" % (_names(users), st.name, st.state))
+        for name, rec in records.items():
+            if name in t.storages or not isinstance(rec, dict):
+                continue
+            if rec.get("state") == "destroyed":
+                continue
+            facts = rec.get("facts") or {}
+            if not facts.get("builder"):
+                self.problems.append(Problem(
+                    "meta-state/storage-state.yaml", "storages.%s" % name,
+                    "storage '%s' is recorded %s but no longer declared, and its record names no storage builder: "
+                    "re-declare it (or record it with `state import`) so the destroy can be planned" % (name, rec.get("state"))))
+            elif t.storage_builder(facts["builder"]) is None:
+                self.problems.append(Problem(
+                    "meta-state/storage-state.yaml", "storages.%s" % name,
+                    "storage '%s' is recorded %s and no longer declared; its record names storage builder '%s', which is not declared"
+                    % (name, rec.get("state"), facts["builder"])))
+            else:
+                # reality, not declarations: a launched instance keeps its mounts until its
+                # own root detaches them, even when it is undeclared in this run
+                attached = sorted(n for n, r in self.launched_records().items()
+                                  if any(isinstance(x, dict) and x.get("storage") == name for x in r.get("mounts") or []))
+                if attached:
+                    self.problems.append(Problem(
+                        "meta-state/storage-state.yaml", "storages.%s" % name,
+                        "storage '%s' cannot move %s -> destroyed while attached by %s (detach in one run, transition in the next; N21)"
+                        % (name, rec.get("state"), _names(attached))))
+
+    def policies(self) -> None:
+        for inst in self.t.instances.values():
+            if inst.image_policy not in ("pinned", "follow"):
+                self.add("instance", inst.name, "image_policy",
+                         "image_policy %r must be one of ['pinned', 'follow']" % inst.image_policy)
+            if inst.on_failure is not None and inst.on_failure not in ("keep", "teardown"):
+                self.add("instance", inst.name, "on_failure", "on_failure %r must be one of ['keep', 'teardown']" % inst.on_failure)
+            if inst.teardown_after is not None:
+                try:
+                    m.parse_duration(inst.teardown_after)
+                except ValueError as exc:
+                    self.add("instance", inst.name, "teardown_after", str(exc))
+            if not inst.ephemeral and (inst.on_failure is not None or inst.teardown_after is not None):
+                self.add("instance", inst.name, "ephemeral",
+                         "on_failure/teardown_after only apply to ephemeral instances; set ephemeral: true or remove them")
+
+    def zones(self) -> None:
+        t = self.t
+        for inst in t.instances.values():
+            b = t.instance_builder_for(inst)
+            rt = t.builder_runtime(b) if b else None
+            claims: List[Tuple[str, str]] = []
+            if inst.availability_zone:
+                claims.append(("instance '%s'" % inst.name, inst.availability_zone))
+            if rt is not None:
+                z = rt.networking.effective_zone()
+                if z:
+                    claims.append(("runtime '%s' subnet %s" % (rt.name, rt.networking.default_subnet_id or "(default zone)"), z))
+            for mp in inst.storages:
+                st = t.storages.get(mp.name)
+                sb = t.storage_builder_for(st) if st else None
+                if st is None or sb is None or not t.kind_of(sb)["zonal"]:
+                    continue
+                srt = t.builder_runtime(sb)
+                z = st.availability_zone or (srt.networking.default_availability_zone if srt else None) \
+                    or (srt.networking.effective_zone() if srt else None)
+                if z:
+                    claims.append(("storage '%s'" % st.name, z))
+            zones = {z for _what, z in claims}
+            if len(zones) > 1:
+                self.add("instance", inst.name, "availability_zone",
+                         "instance '%s' spans availability zones %s: %s; an instance, its zonal storages and its runtime's subnet must share one zone"
+                         % (inst.name, _names(zones), ", ".join("%s in %s" % c for c in claims)))
+
+    def remote_state_needs(self) -> None:
+        """Roots read group gids and storage ids through terraform_remote_state: with
+        ``use_state_backends`` off they would not validate, so refuse here instead."""
+        t = self.t
+        if not self.config_known("use_state_backends") or t.config.use_state_backends:
+            return
+        where = t.config_source.get("use_state_backends", "cfg/_config.yml")
+        for inst in t.instances.values():
+            g = t.owning_group(inst)
+            needs = []
+            if g:
+                needs.append("owning group '%s'" % g)
+            if inst.storages:
+                needs.append("mounts %s" % _names(x.name for x in inst.storages))
+            if needs:
+                self.add("instance", inst.name, "storages" if inst.storages else "image",
+                         "instance '%s' needs remote state (%s) but config.use_state_backends is off in %s: "
+                         "turn it on and declare a state backend" % (inst.name, ", ".join(needs), where))
+        for st in t.storages.values():
+            if st.groups:
+                self.add("storage", st.name, "groups",
+                         "storage '%s' allows groups %s, whose gids come from the identity root's remote state, but config.use_state_backends is off in %s"
+                         % (st.name, _names(st.groups), where))
+
+    def immutability(self) -> None:
+        """N26: a launched instance's launch parameters, computed now, match the recorded ones
+        (instances whose builder, image or storages do not resolve are left to the rules above)."""
+        computed = {}
+        replacing = {}
+        for name, inst in self.t.instances.items():
+            if self.t.instance_builder_for(inst) is None or self.t.image_of(inst) is None:
+                continue
+            if any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
+                   for s in inst.storages):
+                continue
+            replacing[name] = pending_replacement(self.meta, name)
+            computed[name] = compute_launch_params(self.t, self.meta, inst, replacing=replacing[name])
+        self.problems.extend(immutability_problems(self.t, self.meta, computed, replacing))
+
+    def executables(self, run: Callable[[str], Tuple[Optional[str], Optional[str]]]) -> None:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+        for ex in self.t.executables.values():
+            version, err = run(ex.binary)
+            if err:
+                self.add("executable", ex.name, "binary", err)
+                continue
+            if ex.version and version:
+                try:
+                    ok = Version(version) in SpecifierSet(ex.version)
+                except InvalidVersion:
+                    ok = False
+                if not ok:
+                    self.add("executable", ex.name, "version",
+                             "%s reports version %s, which does not satisfy '%s'" % (ex.binary, version, ex.version))
+
+
+def validate_tree(tree: Tree, meta: Mapping[str, Any],
+                  run_version: Optional[Callable[[str], Tuple[Optional[str], Optional[str]]]] = None,
+                  extra: Iterable[Callable[[Validation], None]] = ()) -> List[Problem]:
+    """Run every rule; return every problem (empty list = valid)."""
+    v = Validation(tree, meta)
+    v.references()
+    v.labels()
+    v.attach_rules()
+    v.cardinality()
+    v.lifecycles()
+    v.state_machine()
+    v.policies()
+    v.zones()
+    v.remote_state_needs()
+    v.executables(run_version or terraform_version)
+    v.immutability()
+    for rule in extra:
+        rule(v)
+    # one message once
+    seen = set()
+    out = []
+    for p in v.problems:
+        if (p.file, p.key, p.message) not in seen:
+            seen.add((p.file, p.key, p.message))
+            out.append(p)
+    return out
+
+
+#: meta-state files the validators read
+VALIDATE_META = ("storage-state.yaml", "launch-params.yaml", "pins.yaml", "instance-state.yaml", "verifications.yaml")
+
+
+def _meta_problem(name: str, exc: MetaStateError) -> Problem:
+    """A meta-state error as a problem naming meta-state/<file> and, when known, the key."""
+    text = str(exc)
+    label = "meta-state/%s" % name
+    if text.startswith(label + ": "):
+        text = text[len(label) + 2:]
+    key = ""
+    mk = re.match(r"^'([^']+)' (.*)$", text, re.S)
+    if mk:
+        key, text = mk.group(1), mk.group(2)
+    else:
+        mk = re.match(r"^top-level key '([^']+)' (.*)$", text, re.S)
+        if mk:
+            key, text = mk.group(1), mk.group(2)
+    return Problem(label, key, text)
+
+
+def read_meta(root: str, names: Iterable[str] = VALIDATE_META) -> Tuple[Dict[str, Any], List[Problem]]:
+    """Read the meta-state files the validators use. A file that does not load is
+    reported and left out of the result (the rules that need it do not run)."""
+    ms = MetaState(root)
+    out: Dict[str, Any] = {}
+    problems: List[Problem] = []
+    for n in names:
+        try:
+            out[n] = ms.load(n)
+        except MetaStateError as exc:
+            problems.append(_meta_problem(n, exc))
+    return out, problems
+
+
+def load_and_validate(root: str, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
+                      run_version: Optional[Callable[[str], Tuple[Optional[str], Optional[str]]]] = None,
+                      extra: Iterable[Callable[[Validation], None]] = ()) -> Tuple[Tree, Dict[str, Any]]:
+    """Return (tree, meta) or raise :class:`ConfigError` listing every problem.
+
+    Reads only: the configuration tree, the overlays and ``meta-state/``. Writes nothing
+    and makes no network call; the only process started is each declared executable's
+    ``<binary> version -json`` (``run_version`` replaces it, e.g. in tests).
+    """
+    tree, problems = load_tree_partial(root, overlays=overlays, undeclare=undeclare)
+    if not os.path.isdir(tree.root):
+        raise ConfigError(problems)
+    meta, meta_problems = read_meta(tree.root)
+    problems += meta_problems
+    # cross-file rules also run over what did load, so every error shows at once
+    # (references into a file that did not load are not reported as dangling)
+    problems += validate_tree(tree, meta, run_version=run_version, extra=extra)
+    if problems:
+        raise ConfigError(problems)
+    return tree, meta

@@ -1,0 +1,109 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What every csis.infra module shares: the common argument specs, the check that the
+Python libraries a module needs are installed, and :func:`fail_from`, which turns any
+library error (:class:`~.errors.CsisError`) into the module's failure.
+
+A module stays thin::
+
+    module = csis_module(argument_spec=argument_spec(CONFIG_ARGS, name=dict(type="str")),
+                         requires=("PyYAML", "pydantic"), supports_check_mode=True)
+    try:
+        result = library_call(...)
+    except CsisError as exc:
+        fail_from(module, exc)
+    module.exit_json(**result)
+
+The only file of the library that imports Ansible.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Iterable, Mapping, NoReturn, Optional
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from .aws import BOTO3_IMPORT_ERROR, HAS_BOTO3
+from .config.models import HAS_PYDANTIC, PYDANTIC_IMPORT_ERROR
+from .errors import MissingDependency
+from .yamlio import HAS_YAML, YAML_IMPORT_ERROR
+
+#: the configuration root (the directory holding ``cfg/_config.yml``)
+CONFIG_ROOT_ARGS: Dict[str, Any] = dict(
+    config_root=dict(type="path", required=True),
+)
+#: a configuration tree: its root and its overlays (doc fragment ``csis.infra.config``)
+CONFIG_ARGS: Dict[str, Any] = dict(
+    CONFIG_ROOT_ARGS,
+    overlays=dict(type="list", elements="path", default=[]),
+)
+#: instances and storages left out of the declaration for this run
+UNDECLARE_ARGS: Dict[str, Any] = dict(
+    undeclare=dict(type="list", elements="str", default=[]),
+)
+#: how boto3 reaches a runtime: the ``aws`` entry of a rendered root (no secrets)
+AWS_ACCESS_ARGS: Dict[str, Any] = dict(
+    aws=dict(type="dict", default={}, options=dict(
+        region=dict(type="str"),
+        profile=dict(type="str"),
+        endpoints=dict(type="dict"),
+        s3_use_path_style=dict(type="bool"),
+        session_mechanism=dict(type="str"),
+    )),
+)
+
+#: library -> (installed, the import error's traceback)
+LIBRARIES: Dict[str, Any] = {
+    "PyYAML": (HAS_YAML, YAML_IMPORT_ERROR),
+    "pydantic": (HAS_PYDANTIC, PYDANTIC_IMPORT_ERROR),
+    "boto3": (HAS_BOTO3, BOTO3_IMPORT_ERROR),
+}
+
+
+def argument_spec(*common: Mapping[str, Any], **own: Any) -> Dict[str, Any]:
+    """A module's argument spec: copies of the ``common`` specs, then its own options."""
+    out: Dict[str, Any] = {}
+    for part in common:
+        out.update(copy.deepcopy(dict(part)))
+    out.update(own)
+    return out
+
+
+def require_libraries(module: AnsibleModule, libraries: Iterable[str]) -> None:
+    """Fail the module (``missing_required_lib``) when one of ``libraries`` is not installed."""
+    for name in libraries:
+        installed, error = LIBRARIES[name]
+        if not installed:
+            module.fail_json(msg=missing_required_lib(name), exception=error)
+
+
+def csis_module(argument_spec: Mapping[str, Any], requires: Iterable[str] = (), **kwargs: Any) -> AnsibleModule:
+    """An :class:`AnsibleModule` whose required libraries are known to be installed."""
+    module = AnsibleModule(argument_spec=dict(argument_spec), **kwargs)
+    require_libraries(module, requires)
+    return module
+
+
+def problems_message(exc: Any, config_root: str, note: str = "") -> str:
+    """``<n> problem(s) in <config root><note>:`` and the problems, one per line."""
+    problems = [str(x) for x in getattr(exc, "problems", None) or []]
+    return "%d problem(s) in %s%s:\n%s" % (len(problems), config_root, note, "\n".join(problems))
+
+
+def fail_from(module: AnsibleModule, exc: BaseException, msg: Optional[str] = None, prefix: str = "",
+              problems_key: Optional[str] = "problems", **result: Any) -> NoReturn:
+    """Fail the module with what ``exc`` says.
+
+    The message is ``msg`` (default ``str(exc)``) after ``prefix``; the problems the error
+    carries (if any) are returned under ``problems_key``; ``result`` is returned as well.
+    A missing library is reported the way Ansible reports one (``missing_required_lib``).
+    """
+    if isinstance(exc, MissingDependency):
+        module.fail_json(msg=missing_required_lib(exc.library), exception=exc.error, **result)
+    out = dict(result)
+    problems = getattr(exc, "problems", None)
+    if problems and problems_key:
+        out.setdefault(problems_key, [str(p) for p in problems])
+    module.fail_json(msg=prefix + (str(exc) if msg is None else msg), **out)
+    raise AssertionError("fail_json returned")  # pragma: no cover - fail_json exits

@@ -1,0 +1,226 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Launch parameters of an instance and its launch script (user data template).
+
+:func:`compute_launch_params` derives, from validated configuration and meta-state
+only, what a machine is launched with; they are recorded in
+``meta-state/launch-params.yaml`` after the apply that launched it and are immutable
+afterwards (:func:`immutability_problems`), except for a mount removal (a detach) or
+a sanctioned replacement.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, List, Mapping, Optional
+
+from ..config import models as m
+from ..config.loader import Tree
+from ..errors import Problem
+from .hcl import template_literal
+
+EBS_DEVICES = ["/dev/xvd%s" % c for c in "fghijklmnopqrstuvwxyz"]
+MARKER = "/var/lib/csis/launch-applied"
+#: keys that may differ from the record without a replacement
+MUTABLE_KEYS = {"run", "user_data_sha256", "launched", "launched_run", "build", "machine_type", "tags",
+                "hostname", "alias", "description", "region"}
+
+
+def generation_number(meta: Mapping[str, Any], name: str, ephemeral: bool, replacing: bool = False) -> int:
+    """The generation the machine will be: the standing one, else the next of its counter."""
+    rec = ((meta.get("instance-state.yaml") or {}).get("instances") or {}).get(name) or {}
+    cur = rec.get("current")
+    kind = "ephemeral" if ephemeral else "durable"
+    if cur and cur.get("kind", "durable") == kind and not replacing:
+        return int(cur.get("number") or 1)
+    counters = rec.get("generation") or {}
+    return int(counters.get(kind) or 0) + 1
+
+
+def pinned_build(meta: Mapping[str, Any], name: str) -> Optional[str]:
+    pins = (meta.get("pins.yaml") or {}).get("instances") or {}
+    v = pins.get(name)
+    return v if isinstance(v, str) and v.startswith("ami-") else None
+
+
+def pending_replacement(meta: Mapping[str, Any], name: str) -> bool:
+    return name in ((meta.get("pins.yaml") or {}).get("pending_replacements") or {})
+
+
+def pending_target(meta: Mapping[str, Any], name: str) -> Optional[str]:
+    """The build an explicit upgrade asked for (``to`` of the pending marker), if any."""
+    entry = ((meta.get("pins.yaml") or {}).get("pending_replacements") or {}).get(name)
+    to = entry.get("to") if isinstance(entry, dict) else entry
+    return to if isinstance(to, str) and to.startswith("ami-") else None
+
+
+def follow_target(meta: Mapping[str, Any], inst: m.Instance, img: Optional[m.Image],
+                  head: Optional[str] = None) -> Optional[str]:
+    """The build a ``follow`` instance moves to: the image's series head (``head``, resolved
+    from the runtime by csis_series_heads; else the image's declared ``ami_id``) when the
+    instance is pinned to another build; None when nothing moves. ``pinned`` never moves."""
+    if inst.image_policy != "follow" or img is None:
+        return None
+    target = head or img.ami_id
+    if not target:
+        return None
+    pin = pinned_build(meta, inst.name)
+    return target if pin and pin != target else None
+
+
+def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
+                          replacing: bool = False) -> Dict[str, Any]:
+    builder = tree.instance_builder_for(inst)
+    rt = tree.builder_runtime(builder) if builder else None
+    img = tree.image_of(inst)
+    group = img.group if img else None
+    mounts: List[Dict[str, Any]] = []
+    ebs_i = 0
+    for mp in inst.storages:
+        st = tree.storages[mp.name]
+        sb = tree.storage_builder_for(st)
+        kind = tree.kind_of(sb)
+        entry: Dict[str, Any] = {
+            "storage": st.name, "type": kind["capability"], "builder": sb.name, "mount_point": mp.mount_point,
+            "group": group, "share_mode": st.share_mode, "public_read": st.public_read,
+        }
+        if kind["capability"] == "ebs":
+            entry["device"] = EBS_DEVICES[ebs_i]
+            ebs_i += 1
+        mounts.append(entry)
+    ephemeral = inst.ephemeral
+    number = generation_number(meta, inst.name, ephemeral, replacing)
+    params: Dict[str, Any] = {
+        "image": inst.image,
+        "build": pinned_build(meta, inst.name) or "unbound",
+        "machine_type": inst.machine_type or (rt.default_machine_type if rt else ""),
+        "group": group,
+        "identity_type": "posix" if group else None,
+        "mounts": mounts,
+        "session": rt.session_mechanism if rt else None,
+        "hostname": "%s-%03d" % (inst.name, number),
+        "ephemeral": ephemeral,
+        "runtime": rt.name if rt else None,
+        "builder": builder.name if builder else None,
+        "region": rt.region if rt else None,
+        "tags": dict(inst.tags),
+    }
+    if inst.userdata:
+        params["userdata"] = inst.userdata
+    params["user_data_sha256"] = hashlib.sha256(user_data_template(params).encode("utf-8")).hexdigest()
+    return params
+
+
+def _q(text: str) -> str:
+    """Single-quote for the shell (values are validated plain names/paths; quote anyway)."""
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def user_data_template(params: Mapping[str, Any]) -> str:
+    """The launch script as a ``templatefile`` template.
+
+    Template variables: ``group_gid`` (number or ""), ``ebs`` (storage -> {volume_id,
+    device_name}), ``efs`` (storage -> {file_system_id, access_point_id}) and
+    ``enrollment_token_b64`` (base64 of the token, or ""). Every configuration string is
+    template-escaped, so it lands in the script as the literal text it was.
+    """
+    host = params["hostname"]
+    L: List[str] = [
+        "#!/usr/bin/env bash",
+        "# csis.infra launch script for %s (generated; do not edit)" % template_literal(host),
+        "# Every step must succeed: the completion marker %s is written last." % MARKER,
+        "set -euo pipefail",
+        "exec > >(tee -a /var/log/csis-launch.log) 2>&1",
+        "csis_fail() { echo \"csis-launch: $*\" >&2; exit 1; }",
+        "hostnamectl set-hostname %s 2>/dev/null || hostname %s" % (_q(host), _q(host)),
+    ]
+    if params.get("group"):
+        L.append('GID="${group_gid}"')
+    for mnt in params.get("mounts") or []:
+        mp = mnt["mount_point"]
+        s = template_literal(mnt["storage"])
+        L.append("")
+        L.append("# mount %s (%s) at %s" % (s, mnt["type"], mp))
+        if mnt["type"] == "ebs":
+            L += [
+                "mkdir -p %s" % _q(mp),
+                'DEV="${ebs["%s"].device_name}"' % s,
+                'VOL="${ebs["%s"].volume_id}"' % s,
+                'BYID="/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_$${VOL//-/}"',
+                "for _ in $(seq 1 60); do",
+                '  if [ -e "$BYID" ]; then DEV="$(readlink -f "$BYID")"; break; fi',
+                '  if [ -e "$DEV" ]; then break; fi',
+                "  sleep 2",
+                "done",
+                '[ -e "$DEV" ] || csis_fail "device for volume $VOL did not appear (tried ${ebs["%s"].device_name} and $BYID)"' % s,
+                'blkid "$DEV" >/dev/null 2>&1 || mkfs -t xfs "$DEV"',
+                'UUID="$(blkid -s UUID -o value "$DEV")"',
+                "grep -q %s /etc/fstab || echo \"UUID=$UUID %s xfs defaults,nofail 0 2\" >> /etc/fstab" % (_q(" " + mp + " "), mp),
+                "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
+                "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
+            ]
+            if mnt.get("group"):
+                sub = "%s/%s" % (mp, mnt["group"])
+                L += [
+                    "mkdir -p %s" % _q(sub),
+                    'chgrp "$GID" %s' % _q(sub),
+                    "chmod %s %s" % (mnt["share_mode"], _q(sub)),
+                ]
+        elif mnt["type"] == "efs":
+            L += [
+                "mkdir -p %s" % _q(mp),
+                'EFS_ID="${efs["%s"].file_system_id}"' % s,
+                'EFS_AP="${efs["%s"].access_point_id}"' % s,
+                "grep -q %s /etc/fstab || echo \"$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,nofail 0 0\" >> /etc/fstab"
+                % (_q(" " + mp + " "), mp),
+                "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
+                "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
+            ]
+        else:
+            L.append("# s3 storages are not mounted: reach the bucket with the AWS CLI or SDK")
+    L += [
+        "",
+        '%{ if enrollment_token_b64 != "" }',
+        "install -d -m 0700 /var/lib/sftd",
+        "umask 077",
+        "printf '%s' '${enrollment_token_b64}' | base64 -d > /var/lib/sftd/enrollment.token",
+        "%{ endif }",
+    ]
+    if params.get("userdata"):
+        L += ["", "# the instance's own userdata"]
+        L.append(template_literal(params["userdata"].rstrip("\n")))
+    L += ["", "mkdir -p /var/lib/csis", "date -u +%FT%TZ > " + MARKER, ""]
+    return "\n".join(L)
+
+
+def immutability_problems(tree: Tree, meta: Mapping[str, Any],
+                          computed: Mapping[str, Mapping[str, Any]],
+                          replacing: Mapping[str, bool]) -> List[Problem]:
+    """N26: a launched instance's recorded parameters may change only by a mount removal
+    or a sanctioned replacement."""
+    out: List[Problem] = []
+    recs = (meta.get("launch-params.yaml") or {}).get("instances") or {}
+    for name, new in computed.items():
+        old = recs.get(name)
+        if not isinstance(old, dict) or not old.get("launched") or replacing.get(name):
+            continue
+        changed: List[str] = []
+        for k in sorted(set(old) | set(new)):
+            if k in MUTABLE_KEYS or k == "mounts":
+                continue
+            if old.get(k) != new.get(k):
+                changed.append(k)
+        old_m = {x.get("storage"): x for x in old.get("mounts") or [] if isinstance(x, dict)}
+        new_m = {x.get("storage"): x for x in new.get("mounts") or []}
+        for s, x in new_m.items():
+            if s not in old_m:
+                changed.append("mounts[%s] added" % s)
+            elif any(old_m[s].get(k) != x.get(k) for k in ("mount_point", "type", "builder", "device", "group")):
+                changed.append("mounts[%s] changed" % s)
+        if changed:
+            f, k = tree.at("instance", name)
+            out.append(Problem(f, k,
+                               "instance '%s' was launched (run %s) and its launch parameters changed (%s); launch parameters "
+                               "are immutable after launch -- replace the instance (upgrade instance, or decommission and "
+                               "redeclare) (N26)" % (name, old.get("launched_run", "?"), ", ".join(changed))))
+    return out

@@ -1,0 +1,27 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The roots of a lifecycle: the one entry point of root planning."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Type
+
+from ..config.loader import Tree
+from .identity_roots import IdentityRoots
+from .instance_roots import InstanceRoots
+from .plan import LIFECYCLES, RenderOptions, RootPlan, RootPlanner
+from .storage_roots import StorageRoots
+
+PLANNERS: Dict[str, Type[RootPlanner]] = {
+    "identity": IdentityRoots,
+    "storage": StorageRoots,
+    "instance-image": InstanceRoots,
+}
+
+
+def plan_roots(tree: Tree, meta: Mapping[str, Any], lifecycle: str, opts: RenderOptions) -> List[RootPlan]:
+    """Every root of ``lifecycle`` as data (pure: nothing is read or written)."""
+    planner = PLANNERS.get(lifecycle)
+    if planner is None:
+        raise ValueError("unknown lifecycle %r (one of %s)" % (lifecycle, ", ".join(LIFECYCLES)))
+    return planner(tree, meta, opts).roots()

@@ -1,0 +1,67 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Series heads: the newest self-owned AMI whose name starts with an image's
+``name_pattern`` on a runtime. A network call, so it runs in its own step of the render
+role (``csis.infra.csis_series_heads``) and reaches ``csis_render`` as a parameter:
+validation stays offline.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from .. import aws
+from ..config.loader import Tree
+
+
+def head_key(image: str, runtime: str) -> str:
+    return "%s@%s" % (image, runtime)
+
+
+def wanted_series(tree: Tree, instances: Optional[Iterable[str]] = None, everything: bool = False
+                  ) -> List[Tuple[str, str, str]]:
+    """(image, runtime, name_pattern) of the images whose head matters: those of ``follow``
+    instances (and of ``instances``, e.g. an explicit upgrade), or all with ``everything``."""
+    names = set(instances or ())
+    out = set()
+    for inst in tree.instances.values():
+        if not (everything or inst.image_policy == "follow" or inst.name in names):
+            continue
+        img = tree.image_of(inst)
+        b = tree.instance_builder_for(inst)
+        rt = tree.builder_runtime(b) if b else None
+        if img is None or rt is None or not img.name_pattern:
+            continue
+        out.add((img.name, rt.name, img.name_pattern))
+    return sorted(out)
+
+
+def newest_image(ec2: Any, pattern: str) -> Optional[Dict[str, Any]]:
+    imgs = ec2.describe_images(Owners=["self"], Filters=[{"Name": "name", "Values": [pattern + "*"]},
+                                                         {"Name": "state", "Values": ["available"]}]).get("Images") or []
+    imgs = [i for i in imgs if str(i.get("Name", "")).startswith(pattern)]
+    if not imgs:
+        return None
+    return sorted(imgs, key=lambda i: (str(i.get("CreationDate") or ""), str(i.get("Name") or "")))[-1]
+
+
+def series_heads(tree: Tree, instances: Optional[Iterable[str]] = None, everything: bool = False,
+                 client_for: Any = None) -> Dict[str, Any]:
+    """``{"<image>@<runtime>": {"ami_id", "name", "creation_date"}}`` for every wanted series."""
+    heads: Dict[str, Any] = {}
+    clients: Dict[str, Any] = {}
+    for image, runtime, pattern in wanted_series(tree, instances, everything):
+        if runtime not in clients:
+            clients[runtime] = client_for(runtime) if client_for else aws.client("ec2", aws.tree_access(tree, runtime))
+        got = newest_image(clients[runtime], pattern)
+        if got:
+            heads[head_key(image, runtime)] = {"ami_id": got["ImageId"], "name": got.get("Name"),
+                                               "creation_date": got.get("CreationDate")}
+    return heads
+
+
+def head_ami(heads: Optional[Mapping[str, Any]], image: str, runtime: str) -> Optional[str]:
+    h = (heads or {}).get(head_key(image, runtime))
+    if isinstance(h, dict):
+        return h.get("ami_id")
+    return h if isinstance(h, str) else None

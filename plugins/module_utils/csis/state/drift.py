@@ -1,0 +1,303 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The state query: compare meta-state with what the AWS endpoint reports, and its report.
+
+Three layers, so that the classification is testable without an endpoint:
+
+1. :func:`~.expectations.expectations` -- what meta-state (and the tree) say should exist;
+2. :func:`~.lookups.observe` -- the boto3 lookups (by recorded id; errors kept as errors);
+3. :func:`classify` (here) -- pure: expectations + observations -> the report
+   (``drift`` lines, ``unavailable``, ``notes``, ``summary``).
+
+:func:`query` runs the three, :func:`write_report` writes ``generated/state-report.json``
+atomically, :func:`console_lines` / :func:`hard_lines` render it.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ..aws import ClientFactory, tree_access
+from ..config.loader import load_tree
+from ..config.validate import read_meta
+from ..errors import CsisError
+from ..fsutil import write_atomic
+from .expectations import expectations
+from .lookups import observe
+
+REPORT_NAME = "state-report.json"
+DRIFTS = ("missing", "stale", "foreign", "changed")
+#: provider states in which a recorded active storage is healthy
+HEALTHY_STATES = ("available", "in-use", "active", "ready", "completed")
+#: instance states in which a launched instance is healthy
+RUNNING_STATES = ("pending", "running")
+
+
+class DriftError(CsisError):
+    """The query cannot run at all (no tree, unreadable meta-state)."""
+
+
+# --------------------------------------------------------------------------- classification
+def _line(kind: str, name: str, drift: str, detail: str, hard: bool = False) -> Dict[str, Any]:
+    return {"kind": kind, "name": name, "drift": drift, "detail": detail, "hard": hard}
+
+
+def _describe(obs: Mapping[str, Any]) -> str:
+    return "%s %s" % (obs.get("what") or "resource", obs.get("id"))
+
+
+def _efs_expected(lc: Mapping[str, Any]) -> Dict[str, str]:
+    out = {}
+    if "ia_days" in lc:
+        out["TransitionToIA"] = "AFTER_%d_DAYS" % int(lc["ia_days"])
+    if "archive_days" in lc:
+        out["TransitionToArchive"] = "AFTER_%d_DAYS" % int(lc["archive_days"])
+    return out
+
+
+def _s3_rule_matches(rule: Mapping[str, Any], lc: Mapping[str, Any]) -> bool:
+    if rule.get("Status", "Enabled") != "Enabled":
+        return False
+    prefix = lc.get("prefix", "")
+    flt = rule.get("Filter") or {}
+    rule_prefix = flt.get("Prefix", rule.get("Prefix", ""))
+    if (flt.get("And") or {}).get("Prefix") is not None:
+        rule_prefix = flt["And"]["Prefix"]
+    if (rule_prefix or "") != (prefix or ""):
+        return False
+    if lc.get("transition_days"):
+        if not any(int(t.get("Days") or -1) == int(lc["transition_days"])
+                   and t.get("StorageClass") == lc.get("storage_class") for t in rule.get("Transitions") or []):
+            return False
+    if lc.get("expire_days"):
+        if int((rule.get("Expiration") or {}).get("Days") or -1) != int(lc["expire_days"]):
+            return False
+    return True
+
+
+def lifecycle_gap(stype: str, declared: Optional[Mapping[str, Any]], obs: Mapping[str, Any]) -> Optional[str]:
+    """What of the declared lifecycle the resource does not carry (None: all of it, or nothing declared)."""
+    if not declared or "lifecycle" not in obs:
+        return None
+    if stype == "efs":
+        want = _efs_expected(declared)
+        have = obs.get("lifecycle") or {}
+        miss = ["%s=%s" % (k, v) for k, v in sorted(want.items()) if have.get(k) != v]
+        return ", ".join(miss) or None
+    if stype == "s3":
+        if any(_s3_rule_matches(r, declared) for r in obs.get("lifecycle") or []):
+            return None
+        bits = []
+        if declared.get("transition_days"):
+            bits.append("transition to %s after %s days" % (declared.get("storage_class"), declared["transition_days"]))
+        if declared.get("expire_days"):
+            bits.append("expiration after %s days" % declared["expire_days"])
+        return " and ".join(bits) or "rule"
+    return None
+
+
+_FOREIGN_WHAT_TYPE = {"volume": "ebs", "snapshot": "ebs", "filesystem": "efs", "bucket": "s3"}
+
+
+def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "") -> Dict[str, Any]:
+    """Pure: expectations + observations -> the report (see docs/drift.md for the lines)."""
+    tag = exps.get("tag")
+    drift: List[Dict[str, Any]] = []
+    unavailable: List[str] = []
+    notes: List[str] = []
+    rep_st: Dict[str, Any] = {}
+    rep_in: Dict[str, Any] = {}
+    storages = exps.get("storages") or {}
+    obs_st = reality.get("storages") or {}
+
+    # foreign resources that carry the Name of a storage recorded destroyed (or archived, for a
+    # volume) are that storage's leftovers: stale, not foreign
+    leftovers: Dict[str, List[Dict[str, Any]]] = {}
+    foreign_items: List[Dict[str, Any]] = []
+    for it in reality.get("foreign") or []:
+        exp = storages.get(it.get("name")) if it.get("kind") == "storage" else None
+        if (exp is not None and _FOREIGN_WHAT_TYPE.get(it["what"]) == exp["type"] and it["what"] != "snapshot"
+                and (exp.get("recorded_state") == "destroyed"
+                     or (exp.get("recorded_state") == "archived" and it["what"] == "volume"))):
+            leftovers.setdefault(exp["name"], []).append(it)
+        else:
+            foreign_items.append(it)
+
+    for name, exp in sorted(storages.items()):
+        obs = obs_st.get(name) or {}
+        rec = exp.get("recorded_state")
+        rep_st[name] = {"present": obs.get("present"), "type": exp["type"], "id": obs.get("id"),
+                        "state": obs.get("state"), "size": obs.get("size"), "tags": obs.get("tags") or {}}
+        if "error" in obs:
+            rep_st[name]["present"] = None
+            unavailable.append("storage %s: %s" % (name, obs["error"]))
+            continue
+        other = (obs.get("tags") or {}).get("csis_config")
+        if obs.get("present") and other and tag and other != tag:
+            notes.append("storage %s: %s carries csis_config=%s, another tree's tag (this tree is %s)"
+                         % (name, _describe(obs), other, tag))
+        if obs.get("others"):
+            notes.append("storage %s: more %ss named %s: %s"
+                         % (name, obs["what"], exp.get("archive"), ", ".join(obs["others"])))
+        for it in leftovers.get(name, []):
+            drift.append(_line("storage", name, "stale", "recorded %s but %s %s (Name %s) still exists"
+                               % (rec, it["what"], it["id"], it["name"])))
+        if rec is None:
+            if obs.get("present"):
+                drift.append(_line("storage", name, "foreign", "%s exists but meta-state has no record of it%s"
+                                   % (_describe(obs), "" if exp.get("declared") else " (and it is not in the YAML)")))
+            continue
+        if rec == "destroyed":
+            if obs.get("present"):
+                drift.append(_line("storage", name, "stale", "recorded destroyed but %s still exists" % _describe(obs)))
+            continue
+        if not obs:
+            what = {"ebs": "volume id", "efs": "filesystem id", "s3": "bucket name"}[exp["type"]]
+            notes.append("storage %s: recorded %s but meta-state holds no %s to look it up by; record it with "
+                         "state_import" % (name, rec, what))
+            continue
+        if not obs.get("present"):
+            drift.append(_line("storage", name, "missing", "recorded %s but not found in reality (%s)"
+                               % (rec, _describe(obs)), hard=True))
+            continue
+        if obs.get("state") not in HEALTHY_STATES:
+            drift.append(_line("storage", name, "stale", "recorded %s but %s is %s" % (rec, _describe(obs), obs.get("state"))))
+        if obs.get("lifecycle_error"):
+            unavailable.append("storage %s: lifecycle of %s: %s" % (name, _describe(obs), obs["lifecycle_error"]))
+        gap = lifecycle_gap(exp["type"], exp.get("lifecycle"), obs) if rec == "active" else None
+        if gap:
+            drift.append(_line("storage", name, "stale", "declared lifecycle (%s) is not on %s" % (gap, _describe(obs))))
+
+    obs_in = reality.get("instances") or {}
+    for name, exp in sorted((exps.get("instances") or {}).items()):
+        obs = obs_in.get(name) or {}
+        rep_in[name] = {"present": obs.get("present"), "id": exp.get("instance_id"), "state": obs.get("state"),
+                        "ami": obs.get("ami"), "private_ip": obs.get("private_ip")}
+        if not exp.get("instance_id"):
+            notes.append("instance %s: recorded launched but instance-state.yaml holds no instance id to look it up by"
+                         % name)
+            continue
+        if "error" in obs:
+            rep_in[name]["present"] = None
+            unavailable.append("instance %s: %s" % (name, obs["error"]))
+            continue
+        iid = exp["instance_id"]
+        if not obs.get("present"):
+            detail = ("recorded launched but not found in reality (instance %s)" % iid if not obs.get("state")
+                      else "recorded launched but instance %s is %s" % (iid, obs["state"]))
+            drift.append(_line("instance", name, "missing", detail, hard=True))
+            continue
+        other = (obs.get("tags") or {}).get("csis_config")
+        if other and tag and other != tag:
+            notes.append("instance %s: instance %s carries csis_config=%s, another tree's tag (this tree is %s)"
+                         % (name, iid, other, tag))
+        if obs.get("state") not in RUNNING_STATES:
+            drift.append(_line("instance", name, "stale", "recorded launched but instance %s is %s" % (iid, obs.get("state"))))
+        booted, pin = obs.get("ami"), exp.get("pin") or exp.get("recorded_ami")
+        if exp.get("is_pending"):
+            pend = exp.get("pending")
+            target = (pend.get("to") or pend.get("build")) if isinstance(pend, dict) else pend
+            notes.append("instance %s: pending replacement: boots %s, pinned %s%s" % (
+                name, booted, exp.get("pin"), (", to be replaced by %s" % target) if target else ""))
+        elif booted and pin and booted != pin:
+            drift.append(_line("instance", name, "changed", "instance %s boots %s but its pinned build is %s"
+                               % (iid, booted, pin)))
+
+    for it in sorted(foreign_items, key=lambda x: (x["kind"], x["name"], x["id"])):
+        exp = storages.get(it["name"]) if it["kind"] == "storage" else None
+        rec_inst = (exps.get("instances") or {}).get(it["name"]) if it["kind"] == "instance" else None
+        extra = ""
+        if exp is not None and _FOREIGN_WHAT_TYPE.get(it["what"]) == exp["type"]:
+            managed = exp.get("volume_id") or exp.get("file_system_id") or (exp.get("bucket") if exp["type"] == "s3" else None)
+            if managed and it["what"] != "snapshot":
+                extra = "; the managed %s of storage %s is %s" % (it["what"], it["name"], managed)
+        elif rec_inst is not None and rec_inst.get("instance_id"):
+            extra = "; the managed instance %s is %s" % (it["name"], rec_inst["instance_id"])
+        declared = (it["name"] in storages and storages[it["name"]].get("declared")) if it["kind"] == "storage" \
+            else it["name"] in (exps.get("instances") or {})
+        drift.append(_line(it["kind"], it["name"], "foreign", "%s %s (tagged csis_config=%s) exists but meta-state has no "
+                           "record of it%s%s" % (it["what"], it["id"], tag, "" if declared else " (and it is not in the YAML)",
+                                                 extra)))
+
+    unavailable += list(reality.get("unavailable") or [])  # the foreign scans, after the records
+    summary = {d: sum(1 for x in drift if x["drift"] == d) for d in DRIFTS}
+    summary["hard"] = sum(1 for x in drift if x["hard"])
+    summary["unavailable"] = len(unavailable)
+    summary["notes"] = len(notes)
+    return {"run": run, "tree": tag,
+            "reality": {"storages": rep_st, "instances": rep_in,
+                        "foreign": [{k: it.get(k) for k in ("kind", "what", "name", "id", "state", "runtime")}
+                                    for it in reality.get("foreign") or []]},
+            "drift": drift, "unavailable": unavailable, "notes": notes, "summary": summary}
+
+
+# --------------------------------------------------------------------------- rendering
+def drift_text(d: Mapping[str, Any]) -> str:
+    return "%-8s %-8s %s: %s%s" % (d["drift"], d["kind"], d["name"], d["detail"], " [HARD]" if d.get("hard") else "")
+
+
+def console_lines(report: Mapping[str, Any]) -> List[str]:
+    lines = ["state report for run %s" % report.get("run")]
+    lines += ["  unavailable: %s" % u for u in report.get("unavailable") or []]
+    lines += ["  note: %s" % n for n in report.get("notes") or []]
+    drift = report.get("drift") or []
+    if drift:
+        lines += ["  " + drift_text(d) for d in drift]
+    elif report.get("unavailable"):
+        lines.append("  no drift in what could be read (%d lookup(s) unavailable)" % len(report["unavailable"]))
+    else:
+        lines.append("  no drift: meta-state agrees with reality")
+    return lines
+
+
+def hard_lines(report: Mapping[str, Any]) -> List[str]:
+    """The refusal lines of a report's HARD drift (what makes a lifecycle run refuse to start)."""
+    return ["state: %s %s %s: %s (from %s; re-run 'state query' after fixing)"
+            % (d["drift"], d["kind"], d["name"], d["detail"], REPORT_NAME)
+            for d in report.get("drift") or [] if d.get("hard")]
+
+
+def report_path(config_root: str) -> str:
+    return os.path.join(os.path.abspath(config_root), "generated", REPORT_NAME)
+
+
+def write_report(config_root: str, report: Mapping[str, Any]) -> Tuple[str, bool]:
+    """Write ``generated/state-report.json`` atomically; return (path, whether the findings changed)."""
+    path = report_path(config_root)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    previous = read_report(config_root)
+    write_atomic(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
+
+    def findings(r: Optional[Mapping[str, Any]]) -> Any:
+        return None if r is None else [r.get(k) for k in ("drift", "unavailable", "notes")]
+
+    return path, findings(previous) != findings(report)
+
+
+def read_report(config_root: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(report_path(config_root), "r", encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def run_id() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+# --------------------------------------------------------------------------- entry point
+def query(config_root: str, overlays: Iterable[str] = (), run: Optional[str] = None,
+          factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+    """Load the tree and meta-state, look everything up, classify. Writes nothing."""
+    tree = load_tree(config_root, overlays=overlays)
+    meta, problems = read_meta(tree.root, ("storage-state.yaml", "launch-params.yaml", "instance-state.yaml",
+                                           "pins.yaml"))
+    if problems:
+        raise DriftError("\n".join(str(p) for p in problems))
+    exps = expectations(tree, meta)
+    reality = observe(exps, lambda rt: tree_access(tree, rt), factory)
+    return classify(exps, reality, run or run_id())

@@ -1,0 +1,225 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Correct meta-state records: forget an instance or a storage, import a storage.
+
+These are the operator's answers to a HARD line of the state query (a record of
+something that no longer exists) and to a foreign resource that should be managed.
+Every change goes through a :meth:`MetaState.transaction` (lock, atomic replace).
+
+* :func:`forget_instance` drops a launched instance's records (launch-params, its pin and
+  pending replacement; its open generation is closed into the history with
+  ``why: forgotten``). It refuses while the recorded machine still exists at the endpoint
+  (or when that cannot be checked) unless ``confirm`` is true.
+* :func:`forget_storage` drops a storage's ``storage-state.yaml`` record, with the same
+  refusal for a storage whose resource still exists.
+* :func:`import_storage` records a declared storage as ``active`` with the facts of an
+  existing resource (volume, filesystem, bucket), after checking the id at the endpoint.
+
+Neither touches terraform state: see docs/drift.md.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Optional
+
+from ..aws import ClientFactory, Endpoint, tree_access
+from ..clock import now
+from ..config.loader import load_tree
+from ..config.models import archive_snapshot_name
+from ..config.validate import read_meta
+from ..errors import CsisError
+from .drift import run_id
+from .expectations import expectations
+from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
+from .record import (add_history, forget_instance_records, load_instance_records, save_instance_records,
+                     update_storage_read_model)
+from .store import MetaState
+
+
+class StateOpError(CsisError):
+    pass
+
+
+_ID_RE = {"ebs": re.compile(r"^vol-[0-9a-f]{8,32}$"), "efs": re.compile(r"^fs-[0-9a-f]{8,32}$"),
+          "s3": re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")}
+_ID_SHAPE = {"ebs": "a volume id (vol-...)", "efs": "a filesystem id (fs-...)", "s3": "a bucket name"}
+
+
+def _load(config_root: str, overlays: Any) -> Any:
+    tree = load_tree(config_root, overlays=overlays or ())
+    meta, problems = read_meta(tree.root, ("storage-state.yaml", "launch-params.yaml", "instance-state.yaml",
+                                           "pins.yaml"))
+    if problems:
+        raise StateOpError("\n".join(str(p) for p in problems))
+    return tree, meta
+
+
+def _endpoint(tree: Any, runtime: Optional[str], factory: Optional[ClientFactory]) -> Endpoint:
+    if runtime is None or runtime not in tree.runtimes:
+        raise StateOpError("runtime %r is not declared: cannot reach its endpoint" % (runtime,))
+    return Endpoint(tree_access(tree, runtime), factory)
+
+
+# --------------------------------------------------------------------------- forget
+def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
+                    check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+    tree, meta = _load(config_root, overlays)
+    lps = meta["launch-params.yaml"]["instances"]
+    iss = meta["instance-state.yaml"]["instances"]
+    pins = meta["pins.yaml"]
+    recorded = name in lps or (iss.get(name) or {}).get("current") or name in pins["instances"] \
+        or name in pins["pending_replacements"]
+    if not recorded:
+        raise StateOpError("instance '%s': nothing is recorded for it (recorded instances: %s)"
+                           % (name, ", ".join(sorted(lps)) or "none"))
+    exp = expectations(tree, meta)["instances"].get(name) or {}
+    iid = ((iss.get(name) or {}).get("current") or {}).get("instance_id")
+    checked = "no instance id recorded"
+    if iid:
+        rt = exp.get("runtime") or (lps.get(name) or {}).get("runtime")
+        try:
+            obs = lookup_instance(_endpoint(tree, rt, factory), iid)
+        except StateOpError as exc:
+            obs = {"error": str(exc)}
+        if "error" in obs:
+            if not confirm:
+                raise StateOpError("instance '%s': cannot tell whether %s still exists (%s); pass confirm=true to "
+                                   "forget it anyway" % (name, iid, obs["error"]))
+            checked = "unknown: %s" % obs["error"]
+        elif obs.get("present"):
+            if not confirm:
+                raise StateOpError("instance '%s': the machine %s still exists (%s); forgetting it leaves it running "
+                                   "unmanaged (it becomes foreign). Pass confirm=true to forget it anyway"
+                                   % (name, iid, obs.get("state")))
+            checked = "%s still exists (%s); forgotten on confirm" % (iid, obs.get("state"))
+        else:
+            checked = "%s is gone%s" % (iid, " (%s)" % obs["state"] if obs.get("state") else "")
+    run = run or run_id()
+    result = {"instance": name, "instance_id": iid, "checked": checked, "written": []}
+    if check:
+        return result
+    with MetaState(tree.root).transaction("csis_forget instance %s" % name) as txn:
+        lp_data, is_data, pin_data = load_instance_records(txn)
+        forget_instance_records(lp_data, is_data, pin_data, name, "forgotten", run, op="forget")
+        save_instance_records(txn, lp_data, is_data, pin_data, run)
+    result["written"] = list(txn.written)
+    return result
+
+
+def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
+                   check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+    tree, meta = _load(config_root, overlays)
+    recs = meta["storage-state.yaml"]["storages"]
+    if name not in recs:
+        raise StateOpError("storage '%s': nothing is recorded for it (recorded storages: %s)"
+                           % (name, ", ".join(sorted(recs)) or "none"))
+    exp = expectations(tree, meta)["storages"].get(name)
+    checked = "not looked up"
+    if exp is not None and recs[name].get("state") != "destroyed":
+        try:
+            obs = lookup_storage(_endpoint(tree, exp.get("runtime"), factory), exp)
+        except StateOpError as exc:
+            obs = {"error": str(exc)}
+        if "error" in obs:
+            if not confirm:
+                raise StateOpError("storage '%s': cannot tell whether its %s still exists (%s); pass confirm=true to "
+                                   "forget it anyway" % (name, obs.get("what") or "resource", obs["error"]))
+            checked = "unknown: %s" % obs["error"]
+        elif obs.get("present"):
+            if not confirm:
+                raise StateOpError("storage '%s': its %s %s still exists; forgetting it leaves it unmanaged (it "
+                                   "becomes foreign). Pass confirm=true to forget it anyway"
+                                   % (name, obs.get("what"), obs.get("id")))
+            checked = "%s %s still exists; forgotten on confirm" % (obs.get("what"), obs.get("id"))
+        elif obs:
+            checked = "%s %s is gone" % (obs.get("what"), obs.get("id"))
+    mounted = sorted(n for n, r in meta["launch-params.yaml"]["instances"].items()
+                     if r.get("launched") and any(m.get("storage") == name for m in r.get("mounts") or []))
+    run = run or run_id()
+    result = {"storage": name, "was": recs[name].get("state"), "checked": checked, "mounted_by": mounted,
+              "written": []}
+    if check:
+        return result
+    with MetaState(tree.root).transaction("csis_forget storage %s" % name) as txn:
+        data = txn.load("storage-state.yaml")
+        data["storages"].pop(name, None)
+        txn.save("storage-state.yaml", data)
+        update_storage_read_model(txn, run)
+    result["written"] = list(txn.written)
+    return result
+
+
+# --------------------------------------------------------------------------- import
+def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
+                   check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+    tree, meta = _load(config_root, overlays)
+    st = tree.storages.get(name)
+    if st is None:
+        raise StateOpError("storage '%s' is not declared: declare it first (a recorded storage that is not "
+                           "declared is planned as destroyed)" % name)
+    builder = tree.storage_builder_for(st)
+    if builder is None:
+        raise StateOpError("storage '%s': its builder %r is not declared" % (name, st.type))
+    stype = tree.kind_of(builder).get("capability")
+    if stype not in _ID_RE:
+        raise StateOpError("storage '%s': builder '%s' (%s) has nothing to import" % (name, builder.name, builder.type))
+    storage_id = (storage_id or "").strip()
+    if not _ID_RE[stype].match(storage_id):
+        raise StateOpError("storage '%s' (%s): storage_id %r is not %s" % (name, stype, storage_id, _ID_SHAPE[stype]))
+    recs = meta["storage-state.yaml"]["storages"]
+    id_key = {"ebs": "volume_id", "efs": "file_system_id", "s3": "bucket_name"}[stype]
+    for other, rec in sorted(recs.items()):
+        if other != name and rec.get("state") != "destroyed" and (rec.get("facts") or {}).get(id_key) == storage_id:
+            raise StateOpError("storage '%s': %s is already recorded for storage '%s'" % (name, storage_id, other))
+    rt = tree.builder_runtime(builder)
+    ep = _endpoint(tree, rt.name if rt is not None else None, factory)
+    if stype == "ebs":
+        obs = lookup_volume(ep, storage_id)
+    elif stype == "efs":
+        obs = lookup_filesystem(ep, storage_id, False)
+    else:
+        obs = lookup_bucket(ep, storage_id, False)
+    where = (ep.access.get("endpoints") or {}).get({"ebs": "ec2", "efs": "efs", "s3": "s3"}[stype]) \
+        or "region %s" % ep.access.get("region")
+    if "error" in obs:
+        raise StateOpError("storage '%s': cannot check %s %s at %s: %s" % (name, obs["what"], storage_id, where, obs["error"]))
+    if not obs.get("present"):
+        raise StateOpError("storage '%s': %s %s does not exist at %s" % (name, obs["what"], storage_id, where))
+    if obs.get("state") not in ("available", "in-use"):
+        raise StateOpError("storage '%s': %s %s is %s, not available" % (name, obs["what"], storage_id, obs.get("state")))
+    facts: Dict[str, Any] = {"builder": builder.name, "type": stype}
+    if stype == "ebs":
+        facts.update(volume_id=storage_id, availability_zone=obs.get("availability_zone"), size=obs.get("size"),
+                     archive=archive_snapshot_name(name))
+    elif stype == "efs":
+        facts["file_system_id"] = storage_id
+    else:
+        facts["bucket_name"] = storage_id
+    run = run or run_id()
+    result: Dict[str, Any] = {"storage": name, "type": stype, "id": storage_id, "facts": facts, "written": [],
+                              "changed": True}
+    old = recs.get(name) or {}
+    if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
+        result["changed"] = False
+        return result
+    if check:
+        return result
+    with MetaState(tree.root).transaction("csis_state_import storage %s" % name) as txn:
+        data = txn.load("storage-state.yaml")
+        rec = data["storages"].get(name)
+        cur = rec.get("state") if rec else None
+        if rec is None:
+            rec = {"state": None, "generation": 1, "facts": {}, "history": []}
+            data["storages"][name] = rec
+        elif cur == "destroyed":
+            rec["generation"] = int(rec.get("generation") or 1) + 1
+        kept = {k: v for k, v in (rec.get("facts") or {}).items() if k not in ("volume_id", "file_system_id")}
+        rec["facts"] = {**kept, **facts}
+        rec["state"] = "active"
+        add_history(rec, {"from": cur, "to": "active", "run": run, "at": now(), "generation": rec.get("generation", 1),
+                    "action": "import", "id": storage_id})
+        txn.save("storage-state.yaml", data)
+        update_storage_read_model(txn, run)
+    result["written"] = list(txn.written)
+    return result

@@ -1,0 +1,91 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Read back from the AWS endpoint what a configuration tree's resources look like: the
+summary of instances, volumes, filesystems and buckets the demo prints (``csis_summary``).
+Resources are found by the ids meta-state recorded from terraform state; tags
+(``csis_config``) only find the rest.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from ..aws import client, tree_access
+from ..config.loader import Tree
+
+
+def summarize(tree: Tree, meta: Mapping[str, Any]) -> Dict[str, Any]:
+    tag = tree.resource_tag()["csis_config"]
+    out: Dict[str, Any] = {"instances": [], "volumes": [], "filesystems": [], "buckets": []}
+    storages = (meta.get("storage-state.yaml") or {}).get("storages") or {}
+    for rt_name in sorted(tree.runtimes):
+        acc = tree_access(tree, rt_name)
+        ec2 = client("ec2", acc)
+        vols = {v["VolumeId"]: v for v in ec2.describe_volumes(
+            Filters=[{"Name": "tag:csis_config", "Values": [tag]}]).get("Volumes", [])}
+        alive = {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}
+        for r in ec2.describe_instances(Filters=[{"Name": "tag:csis_config", "Values": [tag]}, alive]).get("Reservations", []):
+            for i in r.get("Instances", []):
+                name = next((t["Value"] for t in i.get("Tags", []) if t["Key"] == "Name"), i["InstanceId"])
+                attached = [{"volume_id": b["Ebs"]["VolumeId"], "device": b["DeviceName"]}
+                            for b in i.get("BlockDeviceMappings", []) if b["Ebs"]["VolumeId"] in vols]
+                out["instances"].append({"name": name, "instance_id": i["InstanceId"], "state": i["State"]["Name"],
+                                         "private_ip": i.get("PrivateIpAddress"), "ami": i.get("ImageId"),
+                                         "runtime": rt_name, "volumes": attached})
+        for v in vols.values():
+            name = next((t["Value"] for t in v.get("Tags", []) if t["Key"] == "Name"), v["VolumeId"])
+            out["volumes"].append({"name": name, "volume_id": v["VolumeId"], "size": v["Size"], "state": v["State"],
+                                   "zone": v["AvailabilityZone"],
+                                   "attached_to": [a["InstanceId"] for a in v.get("Attachments", [])]})
+        efs = client("efs", acc)
+        for fs in efs.describe_file_systems().get("FileSystems", []):
+            tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
+            if tags.get("csis_config") != tag:
+                continue
+            fsid = fs["FileSystemId"]
+            aps = efs.describe_access_points(FileSystemId=fsid).get("AccessPoints", [])
+            mts = efs.describe_mount_targets(FileSystemId=fsid).get("MountTargets", [])
+            out["filesystems"].append({"name": tags.get("Name"), "file_system_id": fsid,
+                                       "access_points": sorted(a.get("RootDirectory", {}).get("Path", "") for a in aws_list(aps)),
+                                       "mount_targets": len(mts)})
+        s3 = client("s3", acc)
+        for name, rec in sorted(storages.items()):
+            facts = rec.get("facts") or {}
+            if facts.get("type") != "s3" or rec.get("state") != "active":
+                continue
+            bucket = facts.get("bucket_name") or name
+            try:
+                tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])}
+            except Exception as exc:  # noqa: BLE001 - reported, never read as absent
+                out["buckets"].append({"storage": name, "bucket": bucket, "error": str(exc)})
+                continue
+            try:
+                rules = len(s3.get_bucket_lifecycle_configuration(Bucket=bucket).get("Rules", []))
+            except Exception:  # noqa: BLE001 - no lifecycle configuration
+                rules = 0
+            out["buckets"].append({"storage": name, "bucket": bucket, "lifecycle_rules": rules, "tags": tags})
+    return out
+
+
+def aws_list(xs: List[Any]) -> List[Any]:
+    return list(xs or [])
+
+
+def summary_lines(s: Mapping[str, Any]) -> List[str]:
+    lines = []
+    for i in s["instances"]:
+        vols = ", ".join("%s at %s" % (v["volume_id"], v["device"]) for v in i["volumes"]) or "no volumes"
+        lines.append("instance %s (%s, %s, %s, %s): %s" % (i["name"], i["instance_id"], i["state"], i["private_ip"], i["ami"], vols))
+    for v in s["volumes"]:
+        attached = " attached to " + ", ".join(v["attached_to"]) if v["attached_to"] else ""
+        lines.append("volume %s (%s, %d GiB, %s, %s)%s" % (v["name"], v["volume_id"], v["size"], v["zone"], v["state"], attached))
+    for f in s["filesystems"]:
+        lines.append("filesystem %s (%s): access points %s, %d mount target(s)" % (
+            f["name"], f["file_system_id"], f["access_points"], f["mount_targets"]))
+    for b in s["buckets"]:
+        if "error" in b:
+            lines.append("bucket %s (storage %s): unavailable: %s" % (b["bucket"], b["storage"], b["error"]))
+        else:
+            lines.append("bucket %s (storage %s): %d lifecycle rule(s), tags %s" % (
+                b["bucket"], b["storage"], b["lifecycle_rules"], b["tags"]))
+    return lines

@@ -1,0 +1,336 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Record in meta-state what an apply really did, read from the root's terraform state.
+
+Nothing here trusts the configuration's flags or the requested states: a storage is
+``active`` because its module's resources are in the state, ``destroyed`` because they
+are gone after an apply that whitelisted the destroy, an instance is ``launched``
+because ``aws_instance.this`` is in the state with an id. The caller runs this only
+after an apply that happened (the role's task order guarantees it).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ..clock import now
+from ..errors import CsisError
+from ..terraform import state_pull
+from .store import MetaState
+
+HISTORY_MAX = 50
+
+
+class RecordError(CsisError):
+    pass
+
+
+def resources(state: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Flatten raw state into [{address, module, type, name, index, attributes}] (managed only)."""
+    out = []
+    for r in state.get("resources") or []:
+        if r.get("mode") != "managed":
+            continue
+        mod = r.get("module") or ""
+        for inst in r.get("instances") or []:
+            if inst.get("deposed"):
+                continue
+            idx = inst.get("index_key")
+            addr = "%s%s.%s" % (mod + "." if mod else "", r["type"], r["name"])
+            if idx is not None:
+                addr += "[%s]" % (json.dumps(idx) if isinstance(idx, str) else idx)
+            out.append({"address": addr, "module": mod, "type": r["type"], "name": r["name"], "index": idx,
+                        "attributes": inst.get("attributes") or {}})
+    return out
+
+
+def under(res: List[Dict[str, Any]], module_addr: str) -> List[Dict[str, Any]]:
+    """Resources inside ``module_addr`` (``module.x`` matches ``module.x`` and ``module.x[0]``)."""
+    pat = re.compile(r"^%s(\[[^\]]+\])?(\.|$)" % re.escape(module_addr))
+    return [r for r in res if pat.match(r["module"] or "")]
+
+
+def _first(res: List[Dict[str, Any]], rtype: str, name: str = "this") -> Optional[Dict[str, Any]]:
+    for r in res:
+        if r["type"] == rtype and r["name"] == name:
+            return r
+    return None
+
+
+def add_history(rec: Dict[str, Any], entry: Dict[str, Any]) -> None:
+    rec.setdefault("history", []).append(entry)
+    del rec["history"][:-HISTORY_MAX]
+
+
+# --------------------------------------------------------------------------- storages
+def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
+                        done_transitions: Iterable[Mapping[str, Any]] = ()) -> Dict[str, Any]:
+    """Record the storages of an applied storage root; returns {storage: (from, to)}."""
+    res = resources(state)
+    done = {(t.get("storage"), t.get("action")) for t in done_transitions}
+    changes: Dict[str, Any] = {}
+    with ms.transaction("csis_record storage root %s" % root.get("builder")) as txn:
+        data = txn.load("storage-state.yaml")
+        recs = data.setdefault("storages", {})
+        for name, info in sorted((root.get("storages") or {}).items()):
+            mine = under(res, info["address"])
+            rec = recs.get(name)
+            cur = rec.get("state") if rec else None
+            facts: Dict[str, Any] = {"builder": info["builder"], "type": info["type"]}
+            if info.get("bucket_name"):
+                facts["bucket_name"] = info["bucket_name"]
+            if info.get("archive_snapshot"):
+                facts["archive"] = info["archive_snapshot"]
+            new: Optional[str] = None
+            action = None
+            if mine:
+                new = "active"
+                vol = _first(mine, "aws_ebs_volume")
+                fs = _first(mine, "aws_efs_file_system")
+                b = _first(mine, "aws_s3_bucket")
+                if vol:
+                    facts.update(volume_id=vol["attributes"].get("id"),
+                                 availability_zone=vol["attributes"].get("availability_zone"),
+                                 size=vol["attributes"].get("size"))
+                if fs:
+                    facts["file_system_id"] = fs["attributes"].get("id")
+                elif info["type"] == "efs":
+                    for r in mine:
+                        if r["type"] == "aws_efs_access_point":
+                            facts["file_system_id"] = r["attributes"].get("file_system_id")
+                            break
+                if b:
+                    facts["bucket_name"] = b["attributes"].get("bucket") or facts.get("bucket_name")
+                if cur == "archived":
+                    action = "restore"
+            else:
+                req = info.get("requested_state")
+                if req == "archived" and cur == "active" and (name, "snapshot") in done:
+                    new, action = "archived", "snapshot"
+                elif req == "destroyed" and cur == "archived" and info.get("archive_snapshot"):
+                    # the volume went at the archive; destroyed once the snapshot is deleted
+                    if (name, "delete_archive_snapshot") in done:
+                        new, action = "destroyed", "delete_archive_snapshot"
+                elif req == "destroyed" and cur in ("active", "archived"):
+                    new = "destroyed"
+                    action = "wipe" if (name, "empty_bucket") in done else None
+            if new is None or (rec is not None and new == cur and rec.get("facts", {}) == {**rec.get("facts", {}), **facts}):
+                continue
+            if rec is None:
+                rec = {"state": None, "generation": 1, "facts": {}, "history": []}
+                recs[name] = rec
+            old_facts = rec.get("facts") or {}
+            if new != cur:
+                if cur == "destroyed" and new == "active":
+                    rec["generation"] = int(rec.get("generation") or 1) + 1
+                entry = {"from": cur, "to": new, "run": run, "at": now(), "generation": rec.get("generation", 1)}
+                if action:
+                    entry["action"] = action
+                add_history(rec, entry)
+                changes[name] = [cur, new]
+            rec["state"] = new
+            if new in ("destroyed",):
+                facts = {k: v for k, v in {**old_facts, **facts}.items() if k not in ("volume_id", "file_system_id")}
+            elif new == "archived":
+                facts = {k: v for k, v in {**old_facts, **facts}.items() if k != "volume_id"}
+            else:
+                facts = {**old_facts, **facts}
+            rec["facts"] = facts
+        txn.save("storage-state.yaml", data)
+        update_storage_read_model(txn, run)
+    changes["_written"] = list(txn.written)
+    return changes
+
+
+def update_storage_read_model(txn: Any, run: str) -> None:
+    """meta-state/storage.yaml: states and attachments as recorded (a read-model)."""
+    st = txn.load("storage-state.yaml").get("storages") or {}
+    lp = txn.load("launch-params.yaml").get("instances") or {}
+    model: Dict[str, Any] = {}
+    for name, rec in sorted(st.items()):
+        facts = rec.get("facts") or {}
+        attachments = sorted(n for n, r in lp.items() if r.get("launched")
+                             and any(mm.get("storage") == name for mm in r.get("mounts") or []))
+        model[name] = {"builder": facts.get("builder"), "type": facts.get("type"),
+                       "current_state": rec.get("state"), "generation": rec.get("generation", 1),
+                       "attachments": attachments,
+                       "attachment_cardinality": "single" if facts.get("type") == "ebs" else "many"}
+    old = txn.load("storage.yaml")
+    if (old.get("storages") or {}) != model:
+        txn.save("storage.yaml", {"run": run, "storages": model})
+
+
+# --------------------------------------------------------------------------- instances
+#: the records of launched instances, always changed together
+INSTANCE_FILES = ("launch-params.yaml", "instance-state.yaml", "pins.yaml")
+
+
+def load_instance_records(txn: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    """(launch-params, instance-state, pins) as loaded in the transaction ``txn``."""
+    lp_data, is_data, pins = (txn.load(name) for name in INSTANCE_FILES)
+    return lp_data, is_data, pins
+
+
+def save_instance_records(txn: Any, lp_data: Mapping[str, Any], is_data: Mapping[str, Any],
+                          pins: Mapping[str, Any], run: str) -> None:
+    """Save the three instance records and the storage read-model that depends on them."""
+    for name, data in zip(INSTANCE_FILES, (lp_data, is_data, pins)):
+        txn.save(name, data)
+    update_storage_read_model(txn, run)
+
+
+def forget_instance_records(lp_data: Dict[str, Any], is_data: Dict[str, Any], pins: Dict[str, Any],
+                            name: str, why: str, run: str, op: Optional[str] = None) -> None:
+    """Drop an instance's launch record, close its generation (``why``) and unpin it
+    (upgrade entry ``op``, default ``why``), in already loaded files."""
+    lp_data.setdefault("instances", {}).pop(name, None)
+    srec = is_data.setdefault("instances", {}).get(name)
+    if srec and srec.get("current"):
+        add_history(srec, dict(srec["current"], why=why, closed_run=run, closed_at=now()))
+        srec["current"] = None
+    old_pin = pins.setdefault("instances", {}).pop(name, None)
+    pins.setdefault("pending_replacements", {}).pop(name, None)
+    if old_pin is not None:
+        upgrades = pins.setdefault("upgrades", [])
+        upgrades.append({"kind": "instance", "name": name, "from": old_pin, "op": op or why, "run": run})
+        del upgrades[:-200]
+
+
+def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    return _first(mine, "aws_instance")
+
+
+def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str) -> Dict[str, Any]:
+    """Record the instances of an applied instance root; returns {instance: what happened}."""
+    res = resources(state)
+    out: Dict[str, Any] = {}
+    with ms.transaction("csis_record instance root %s" % root.get("builder")) as txn:
+        lp_data, is_data, pins = load_instance_records(txn)
+        lps = lp_data.setdefault("instances", {})
+        iss = is_data.setdefault("instances", {})
+        pin_map = pins.setdefault("instances", {})
+        pending = pins.setdefault("pending_replacements", {})
+        upgrades = pins.setdefault("upgrades", [])
+        for name, info in sorted((root.get("instances") or {}).items()):
+            mine = under(res, info["address"])
+            inst = _instance_resource(mine)
+            srec = iss.get(name)
+            if inst is None:
+                # gone: a decommission or an ephemeral teardown that the apply carried out
+                if name in lps or (srec and srec.get("current")):
+                    why = "decommission" if info.get("decommission") else ("ephemeral" if info.get("ephemeral") else "gone")
+                    if info.get("decommission") or info.get("ephemeral") or (name in lps and not lps[name].get("launched")):
+                        forget_instance_records(lp_data, is_data, pins, name, why, run)
+                        out[name] = why
+                continue
+            a = inst["attributes"]
+            params = copy.deepcopy(info.get("launch_params") or {})
+            ephemeral = bool(info.get("ephemeral"))
+            kind = "ephemeral" if ephemeral else "durable"
+            if srec is None:
+                srec = {"generation": {"durable": 0, "ephemeral": 0}, "current": None, "history": []}
+                iss[name] = srec
+            cur = srec.get("current")
+            opened = False
+            if not cur or cur.get("instance_id") != a.get("id"):
+                if cur:
+                    add_history(srec, dict(cur, why="replaced", closed_run=run, closed_at=now()))
+                counters = srec.setdefault("generation", {"durable": 0, "ephemeral": 0})
+                counters[kind] = int(counters.get(kind) or 0) + 1
+                cur = {"number": counters[kind], "kind": kind, "opened_run": run, "opened_at": now()}
+                opened = True
+            cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "ami_id": a.get("ami"),
+                        "availability_zone": a.get("availability_zone"), "instance_type": a.get("instance_type")})
+            srec["current"] = cur
+            old_pin = pin_map.get(name)
+            if not ephemeral and (old_pin is None or name in pending or opened) and a.get("ami") and old_pin != a.get("ami"):
+                pin_map[name] = a.get("ami")
+                upgrades.append({"kind": "instance", "name": name, "from": old_pin, "to": a.get("ami"),
+                                 "op": "bind" if old_pin is None else ("upgrade" if name in pending else "follow"),
+                                 "run": run})
+            pending.pop(name, None)
+            prev = lps.get(name) or {}
+            params["build"] = pin_map.get(name, a.get("ami") or "unbound")
+            params["hostname"] = "%s-%03d" % (name, cur["number"])
+            params["launched"] = True
+            params["launched_run"] = prev.get("launched_run") if (prev.get("launched") and not opened) else run
+            lps[name] = params
+            out[name] = "launched" if opened else "standing"
+        del upgrades[:-200]
+        save_instance_records(txn, lp_data, is_data, pins, run)
+    out["_written"] = list(txn.written)
+    return out
+
+
+def record_root(config_root: str, root: Mapping[str, Any], run: str,
+                done_transitions: Iterable[Mapping[str, Any]] = (), state: Optional[Mapping[str, Any]] = None
+                ) -> Dict[str, Any]:
+    ms = MetaState(config_root)
+    if state is None:
+        state = state_pull(root["directory"], root.get("binary") or "terraform")
+    if root["lifecycle"] == "storage":
+        got = record_storage_root(ms, root, state, run, done_transitions)
+        key = "storages"
+    elif root["lifecycle"] == "instance-image":
+        got = record_instance_root(ms, root, state, run)
+        key = "instances"
+    else:
+        return {"written": []}
+    written = got.pop("_written", [])
+    return {key: got, "written": written}
+
+
+# --------------------------------------------------------------------------- day-2 records
+VERIFICATIONS_MAX = 500
+
+
+def record_verification(config_root: str, verdict: Mapping[str, Any]) -> List[str]:
+    """Append a verification verdict to ``meta-state/verifications.yaml`` (the last 500 kept)."""
+    ms = MetaState(config_root)
+    with ms.transaction("csis verification of %s" % verdict.get("instance")) as txn:
+        data = txn.load("verifications.yaml")
+        data.setdefault("verifications", []).append(dict(verdict))
+        del data["verifications"][:-VERIFICATIONS_MAX]
+        txn.save("verifications.yaml", data)
+    return list(txn.written)
+
+
+def last_verification(meta: Mapping[str, Any], instance: str) -> Optional[Dict[str, Any]]:
+    for v in reversed((meta.get("verifications.yaml") or {}).get("verifications") or []):
+        if isinstance(v, dict) and v.get("instance") == instance:
+            return v
+    return None
+
+
+def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = None,
+                 requested_by: Optional[str] = None) -> Dict[str, Any]:
+    """Leave a pending replacement marker for a launched durable instance (``upgrade instance``).
+
+    The next instance-image run plans ``-replace`` for it, whitelists its instance and volume
+    attachments, and the record after the apply moves the pin and clears the marker.
+    """
+    ms = MetaState(config_root)
+    with ms.transaction("csis upgrade %s" % instance) as txn:
+        lps = txn.load("launch-params.yaml").get("instances") or {}
+        rec = lps.get(instance)
+        if not isinstance(rec, dict) or not rec.get("launched"):
+            raise RecordError("instance '%s' is not launched (meta-state/launch-params.yaml): nothing to upgrade; "
+                              "a new instance launches on the series head by itself" % instance)
+        if rec.get("ephemeral"):
+            raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
+        pins = txn.load("pins.yaml")
+        pending = pins.setdefault("pending_replacements", {})
+        entry = {"to": to, "from": (pins.get("instances") or {}).get(instance), "run": run, "at": now(),
+                 "requested_by": requested_by}
+        old = pending.get(instance)
+        if isinstance(old, dict) and {k: old.get(k) for k in ("to", "from")} == {k: entry[k] for k in ("to", "from")}:
+            return {"changed": False, "pending": old, "written": []}
+        pending[instance] = entry
+        pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": entry["from"], "to": to,
+                                                "op": "upgrade-requested", "run": run})
+        del pins["upgrades"][:-200]
+        txn.save("pins.yaml", pins)
+    return {"changed": True, "pending": entry, "written": list(txn.written)}

@@ -1,0 +1,600 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Meta-state: the YAML records under ``<config root>/meta-state/``.
+
+This module is the one place meta-state is read and written.
+
+* **Reads** (:meth:`MetaState.load`) take no lock. Every write replaces a file by an
+  atomic rename, so a reader sees either the old or the new file, never half of one.
+  Nothing is cached between calls: every ``load`` reads the file again.
+* **Writes** happen only inside :meth:`MetaState.transaction`. The transaction holds an
+  exclusive ``fcntl.flock`` on ``<meta-state>/.lock`` for its whole duration, so two
+  csis.infra runs cannot interleave their read-modify-write cycles. The kernel drops
+  the lock when the holder's process dies, so a killed run never blocks the next one.
+  Files saved in a transaction are written when the ``with`` block exits normally
+  (temporary file in the same directory, flush, fsync, ``os.replace``, fsync of the
+  directory), and only if their serialized bytes changed. If the block raises,
+  nothing is written.
+* Every file is validated on load and on save against its known shape
+  (:data:`FILES`); errors raise :class:`MetaStateError` naming the file.
+* ``save`` refuses secret-shaped data (AWS access keys, session tokens, private keys,
+  non-empty values under ``*secret*``/``*password*``/``*token*`` keys).
+* Values are plain data: mappings with string keys, lists, strings, ints, floats,
+  bools and null. Timestamps are strings (ISO 8601); ``datetime``/``date`` values
+  given to ``save`` are converted with ``isoformat()``, and YAML timestamps are read
+  back as strings, never as ``datetime`` objects.
+
+Each file is written atomically; a transaction that saves several files writes
+them one after the other, so a crash in the middle of the commit (power loss) can
+leave some files new and others old, each one whole.
+
+Plain Python: importable without Ansible.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as _dt
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from ..errors import CsisError
+from ..fsutil import fsync_dir, write_atomic
+from ..yamlio import meta_dumper, meta_loader, yaml
+
+__all__ = [
+    "FILES",
+    "HEADER",
+    "LOCK_NAME",
+    "META_STATE_DIR",
+    "STORAGE_STATES",
+    "MetaState",
+    "MetaStateError",
+    "Transaction",
+    "dumps",
+    "empty",
+    "find_secrets",
+    "launched_instances",
+    "validate",
+]
+
+META_STATE_DIR = "meta-state"
+LOCK_NAME = ".lock"
+HEADER = ("# csis.infra meta-state: written by csis.infra; do not edit by hand "
+          "(use the forget/state import playbooks)\n")
+STORAGE_STATES = ("active", "archived", "destroyed")
+
+
+class MetaStateError(CsisError):
+    """Meta-state cannot be read, validated, locked or written.
+
+    The message always names the file (``meta-state/<file>``) it is about.
+    """
+
+
+# ---------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------
+
+# file name -> ordered (top-level key, kind) pairs; kind is dict or list
+FILES: Dict[str, Tuple[Tuple[str, type], ...]] = {
+    "launch-params.yaml": (("instances", dict),),
+    "instance-state.yaml": (("instances", dict),),
+    "pins.yaml": (("instances", dict), ("pending_replacements", dict), ("upgrades", list)),
+    "storage-state.yaml": (("storages", dict),),
+    "storage.yaml": (("storages", dict),),
+    "verifications.yaml": (("verifications", list),),
+    "lineage.yaml": (("builds", list),),
+    "runs.yaml": (("runs", list),),
+}
+
+_KIND_NAMES = {dict: "mapping", list: "list", str: "string", int: "integer",
+               float: "number", bool: "boolean", type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    for typ, label in _KIND_NAMES.items():
+        if type(value) is typ:  # noqa: E721 - exact: bool is not an int here
+            return label
+    return type(value).__name__
+
+
+def _label(name: str) -> str:
+    return "%s/%s" % (META_STATE_DIR, name)
+
+
+def _check_name(name: str) -> None:
+    if name not in FILES:
+        raise MetaStateError("%s: not a known meta-state file (known: %s)"
+                             % (_label(name), ", ".join(sorted(FILES))))
+
+
+def empty(name: str) -> Dict[str, Any]:
+    """The empty shape of a known file (what a missing or empty file reads as)."""
+    _check_name(name)
+    return {key: kind() for key, kind in FILES[name]}
+
+
+def _fail(name: str, where: str, msg: str) -> MetaStateError:
+    return MetaStateError("%s: %s%s" % (_label(name), ("%s " % where) if where else "", msg))
+
+
+def _expect_mapping(name: str, where: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _fail(name, where, "must be a mapping, got %s" % _kind(value))
+
+
+def _expect_list(name: str, where: str, value: Any) -> None:
+    if not isinstance(value, list):
+        raise _fail(name, where, "must be a list, got %s" % _kind(value))
+
+
+def _expect_int(name: str, where: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _fail(name, where, "must be an integer, got %s" % _kind(value))
+
+
+def _entries(name: str, top: str, value: Dict[str, Any]) -> Iterator[Tuple[str, str, Dict[str, Any]]]:
+    """Yield (entry name, location label, entry) for a name -> record mapping."""
+    for key, entry in value.items():
+        where = "%s.%s" % (top, key)
+        if not isinstance(key, str):
+            raise _fail(name, "", "key %r under '%s' must be a string, got %s" % (key, top, _kind(key)))
+        _expect_mapping(name, "'%s'" % where, entry)
+        yield key, where, entry
+
+
+def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
+    for _key, where, entry in _entries(name, "instances", instances):
+        gen = entry.get("generation")
+        if gen is not None:
+            _expect_mapping(name, "'%s.generation'" % where, gen)
+            for kind in ("durable", "ephemeral"):
+                if kind in gen:
+                    _expect_int(name, "'%s.generation.%s'" % (where, kind), gen[kind])
+        if entry.get("current") is not None:
+            _expect_mapping(name, "'%s.current'" % where, entry["current"])
+        if "history" in entry:
+            _expect_list(name, "'%s.history'" % where, entry["history"])
+
+
+def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
+    for _key, where, entry in _entries(name, "storages", storages):
+        state = entry.get("state")
+        if state not in STORAGE_STATES:
+            raise _fail(name, "'%s.state'" % where, "must be one of %s, got %r"
+                        % ("|".join(STORAGE_STATES), state))
+        if "generation" in entry:
+            _expect_int(name, "'%s.generation'" % where, entry["generation"])
+        if "facts" in entry:
+            _expect_mapping(name, "'%s.facts'" % where, entry["facts"])
+        if "history" in entry:
+            _expect_list(name, "'%s.history'" % where, entry["history"])
+
+
+def _validate_pins(name: str, data: Dict[str, Any]) -> None:
+    for key, build in data["instances"].items():
+        if not isinstance(key, str) or not isinstance(build, str):
+            raise _fail(name, "'instances.%s'" % key, "must map an instance name to an AMI id "
+                        "string, got %s" % _kind(build))
+    for _entry in _entries(name, "pending_replacements", data["pending_replacements"]):
+        pass
+
+
+def _validate_name_map(name: str, top: str, value: Dict[str, Any]) -> None:
+    for _entry in _entries(name, top, value):
+        pass
+
+
+_DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
+    "launch-params.yaml": lambda n, d: _validate_name_map(n, "instances", d["instances"]),
+    "instance-state.yaml": lambda n, d: _validate_instance_state(n, d["instances"]),
+    "pins.yaml": _validate_pins,
+    "storage-state.yaml": lambda n, d: _validate_storage_state(n, d["storages"]),
+    "storage.yaml": lambda n, d: _validate_name_map(n, "storages", d["storages"]),
+}
+
+
+def validate(name: str, data: Any) -> Dict[str, Any]:
+    """Check ``data`` against the shape of file ``name``; return it with missing keys filled.
+
+    ``None`` (an empty document) is the empty shape. Unknown extra top-level keys are
+    kept as they are (forward compatible). Raises :class:`MetaStateError`.
+    """
+    _check_name(name)
+    if data is None:
+        return empty(name)
+    if not isinstance(data, dict):
+        raise _fail(name, "", "the document must be a mapping, got %s" % _kind(data))
+    out = dict(data)
+    for key, kind in FILES[name]:
+        value = out.get(key)
+        if value is None:
+            out[key] = kind()
+        elif not isinstance(value, kind):
+            raise _fail(name, "top-level key '%s'" % key,
+                        "must be a %s, got %s" % (_KIND_NAMES[kind], _kind(value)))
+    deep = _DEEP.get(name)
+    if deep is not None:
+        deep(name, out)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# secrets
+# ---------------------------------------------------------------------------
+
+_SECRET_VALUE_PATTERNS = (
+    ("an AWS access key id", re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Z0-9])")),
+    ("a private key", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----")),
+    ("an AWS session token", re.compile(r"(?:FwoGZXIvYXdz|IQoJb3JpZ2luX2Vj)[A-Za-z0-9/+=]{20,}")),
+)
+# a 40-character base64 word with upper, lower case and a digit: the shape of an AWS
+# secret access key (hex digests are lower case, so git/sha ids do not match)
+_AWS_SECRET_RE = re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_SECRET_KEY_RE = re.compile(r"secret|password|passwd|token", re.IGNORECASE)
+
+
+def _looks_like_aws_secret(text: str) -> bool:
+    for match in _AWS_SECRET_RE.finditer(text):
+        word = match.group(0)
+        if (any(c.isupper() for c in word) and any(c.islower() for c in word)
+                and any(c.isdigit() for c in word)):
+            return True
+    return False
+
+
+def find_secrets(data: Any, path: str = "") -> List[str]:
+    """Return ``"<path>: <what>"`` for every secret-shaped value in ``data`` (values never echoed)."""
+    found: List[str] = []
+
+    def scan_text(where: str, text: str) -> None:
+        for what, rx in _SECRET_VALUE_PATTERNS:
+            if rx.search(text):
+                found.append("%s: looks like %s" % (where or "<document>", what))
+                return
+        if _looks_like_aws_secret(text):
+            found.append("%s: looks like an AWS secret access key" % (where or "<document>"))
+
+    def walk(where: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                sub_where = "%s.%s" % (where, key) if where else str(key)
+                if isinstance(key, str):
+                    scan_text(sub_where + " (key)", key)
+                    if _SECRET_KEY_RE.search(key) and isinstance(sub, str) and sub.strip():
+                        found.append("%s: a non-empty value under a secret-named key" % sub_where)
+                        continue
+                walk(sub_where, sub)
+        elif isinstance(value, list):
+            for index, sub in enumerate(value):
+                walk("%s[%d]" % (where, index), sub)
+        elif isinstance(value, str):
+            scan_text(where, value)
+
+    walk(path, data)
+    return found
+
+
+# ---------------------------------------------------------------------------
+# serialization
+# ---------------------------------------------------------------------------
+
+def _plain(name: str, where: str, value: Any) -> Any:
+    """Deep copy ``value`` as plain data; datetimes become ISO strings, tuples lists."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        out = {}
+        for key, sub in value.items():
+            if not isinstance(key, str):
+                raise _fail(name, "'%s'" % where if where else "",
+                            "has a non-string key %r (%s)" % (key, _kind(key)))
+            out[key] = _plain(name, "%s.%s" % (where, key) if where else key, sub)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(name, "%s[%d]" % (where, i), sub) for i, sub in enumerate(value)]
+    if isinstance(value, str):  # str subclasses (e.g. tagged strings)
+        return str(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    raise _fail(name, "'%s'" % where if where else "",
+                "holds a %s; meta-state holds only plain data" % type(value).__name__)
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+    """The deterministic text of a meta-state file (header line + sorted YAML; the same options
+    as ``yaml.safe_dump(data, sort_keys=True, default_flow_style=False)``)."""
+    return HEADER + yaml.dump(data, Dumper=meta_dumper(), sort_keys=True, default_flow_style=False)
+
+
+def _parse(name: str, text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=meta_loader())  # noqa: S506 - a SafeLoader
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = (" at line %d, column %d" % (mark.line + 1, mark.column + 1)) if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise MetaStateError("%s: YAML syntax error%s: %s" % (_label(name), line, problem)) from exc
+    except yaml.YAMLError as exc:
+        raise MetaStateError("%s: YAML error: %s" % (_label(name), exc)) from exc
+
+
+# ---------------------------------------------------------------------------
+# locking
+# ---------------------------------------------------------------------------
+
+_held = threading.local()
+
+
+def _held_set() -> set:
+    held = getattr(_held, "dirs", None)
+    if held is None:
+        held = _held.dirs = set()
+    return held
+
+
+def _default_what() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return argv0 or "python"
+
+
+class _Lock:
+    """Exclusive ``flock`` on ``<dir>/.lock``; the holder describes itself in the file."""
+
+    def __init__(self, directory: str, timeout: float, what: str, poll: float = 0.05) -> None:
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.timeout = timeout
+        self.what = what
+        self.poll = poll
+        self.fd: Optional[int] = None
+
+    def _holder(self) -> str:
+        try:
+            with open(self.path, "r", encoding="utf-8") as handle:
+                info = json.loads(handle.read() or "{}")
+        except (OSError, ValueError):
+            info = {}
+        return "pid %s on host %s since %s (%s)" % (
+            info.get("pid", "?"), info.get("host", "?"), info.get("since", "?"),
+            info.get("what", "unknown"))
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise MetaStateError("%s: cannot open the lock file: %s"
+                                 % (_label(LOCK_NAME), exc.strerror or exc)) from exc
+        deadline = time.monotonic() + max(0.0, self.timeout)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise MetaStateError("%s: cannot lock: %s" % (_label(LOCK_NAME), exc)) from exc
+                if time.monotonic() >= deadline:
+                    raise MetaStateError(
+                        "%s: meta-state is locked by %s; another csis.infra run is writing "
+                        "this tree. Wait for it, or if that process is gone the lock frees "
+                        "itself" % (_label(LOCK_NAME), self._holder()))
+                time.sleep(self.poll)
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "what": self.what,
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode("utf-8"), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.ftruncate(fd, 0)  # no stale description once nobody holds it
+        except OSError:
+            pass
+        finally:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------
+
+_fsync_dir = fsync_dir
+_write_atomic = write_atomic
+
+
+class MetaState:
+    """The meta-state tree of one configuration root.
+
+    >>> ms = MetaState("/path/to/config")
+    >>> ms.load("launch-params.yaml")["instances"]          # no lock, whole files only
+    >>> with ms.transaction("csis.infra.site / record launch") as txn:
+    ...     data = txn.load("launch-params.yaml")           # fresh read under the lock
+    ...     data["instances"]["web"]["launched"] = True
+    ...     txn.save("launch-params.yaml", data)             # written on normal exit
+    """
+
+    def __init__(self, config_root: str, lock_timeout: float = 120.0) -> None:
+        self.config_root = os.path.abspath(os.path.expanduser(str(config_root)))
+        self.dir = os.path.join(self.config_root, META_STATE_DIR)
+        self.lock_timeout = float(lock_timeout)
+
+    def path(self, name: str) -> str:
+        """Absolute path of meta-state file ``name`` (which must be a known file)."""
+        _check_name(name)
+        return os.path.join(self.dir, name)
+
+    def _read_bytes(self, name: str) -> Optional[bytes]:
+        try:
+            with open(self.path(name), "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError as exc:
+            raise MetaStateError("%s: is a directory, not a file" % _label(name)) from exc
+        except OSError as exc:
+            raise MetaStateError("%s: cannot read: %s" % (_label(name), exc.strerror or exc)) from exc
+
+    def _decode(self, name: str, raw: Optional[bytes]) -> Dict[str, Any]:
+        if raw is None or not raw.strip():
+            return empty(name)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetaStateError("%s: not UTF-8 text (byte %d)" % (_label(name), exc.start)) from exc
+        return validate(name, _parse(name, text))
+
+    def load(self, name: str) -> Dict[str, Any]:
+        """Read, validate and return file ``name`` (a fresh object; missing/empty -> empty shape)."""
+        return self._decode(name, self._read_bytes(name))
+
+    def exists(self, name: str) -> bool:
+        return os.path.isfile(self.path(name))
+
+    @contextlib.contextmanager
+    def transaction(self, what: Optional[str] = None) -> Iterator["Transaction"]:
+        """Hold the meta-state lock; write the files saved in it when the block exits normally.
+
+        ``what`` describes the writer (playbook, module) for the lock-holder message.
+        Raises :class:`MetaStateError` if the lock is not obtained within ``lock_timeout``
+        seconds, or on a nested transaction on the same tree in the same thread.
+        """
+        held = _held_set()
+        if self.dir in held:
+            raise MetaStateError("%s: a transaction on this meta-state is already open in this "
+                                 "thread; nest the work inside it instead" % _label(LOCK_NAME))
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as exc:
+            raise MetaStateError("%s: cannot create the directory: %s"
+                                 % (META_STATE_DIR, exc.strerror or exc)) from exc
+        lock = _Lock(self.dir, self.lock_timeout, what or _default_what())
+        lock.acquire()
+        held.add(self.dir)
+        try:
+            txn = Transaction(self)
+            yield txn
+            txn._commit()
+        finally:
+            held.discard(self.dir)
+            lock.release()
+
+
+class Transaction:
+    """Reads and pending writes of one :meth:`MetaState.transaction`."""
+
+    def __init__(self, ms: MetaState) -> None:
+        self._ms = ms
+        self._pending: Dict[str, Tuple[Dict[str, Any], bytes]] = {}
+        self._open = True
+        self.written: List[str] = []
+
+    @property
+    def meta_state(self) -> MetaState:
+        return self._ms
+
+    def load(self, name: str) -> Dict[str, Any]:
+        """File ``name`` as saved earlier in this transaction, else freshly read from disk."""
+        _check_name(name)
+        if name in self._pending:
+            return copy.deepcopy(self._pending[name][0])
+        return self._ms.load(name)
+
+    def save(self, name: str, data: Mapping[str, Any]) -> None:
+        """Validate, scan and stage ``data`` as the new content of ``name``.
+
+        Raises :class:`MetaStateError` (and stages nothing) on a wrong shape, non-plain
+        data or secret-shaped values. The file is written when the transaction exits.
+        """
+        if not self._open:
+            raise MetaStateError("%s: the transaction is closed" % _label(name))
+        _check_name(name)
+        plain = _plain(name, "", data)
+        checked = validate(name, plain)
+        secrets = find_secrets(checked)
+        if secrets:
+            raise MetaStateError("%s: refusing to write secret-shaped data (nothing secret is "
+                                 "ever written in clear): %s" % (_label(name), "; ".join(secrets)))
+        self._pending[name] = (checked, dumps(checked).encode("utf-8"))
+
+    def _commit(self) -> List[str]:
+        """Write every staged file whose bytes changed; return the names written."""
+        self._open = False
+        written: List[str] = []
+        for name, (data, payload) in self._pending.items():
+            current = self._ms._read_bytes(name)
+            if current == payload:
+                continue
+            if current is None and data == empty(name):
+                continue  # a missing file already reads as the empty shape
+            try:
+                _write_atomic(self._ms.path(name), payload)
+            except OSError as exc:
+                raise MetaStateError("%s: cannot write: %s (written before it in this "
+                                     "transaction: %s)" % (_label(name), exc.strerror or exc,
+                                                           ", ".join(written) or "none")) from exc
+            written.append(name)
+        self.written = written
+        return written
+
+
+# ---------------------------------------------------------------------------
+# helpers for other code
+# ---------------------------------------------------------------------------
+
+def launched_instances(ms: MetaState) -> Dict[str, Dict[str, Any]]:
+    """The launched instances: ``launch-params.yaml`` records with ``launched: true``.
+
+    Each value is a copy of the launch-params record with three more keys:
+
+    * ``name``: the declared instance name (the key);
+    * ``current``: the open generation from ``instance-state.yaml``
+      (``{number, kind, instance_id, private_ip, ami_id, availability_zone, ...}``)
+      or ``None`` when no generation is recorded yet;
+    * ``generation``: the generation counters ``{durable, ephemeral}`` (zeros if unknown).
+
+    Ordered by name.
+    """
+    params = ms.load("launch-params.yaml")["instances"]
+    states = ms.load("instance-state.yaml")["instances"]
+    out: Dict[str, Dict[str, Any]] = {}
+    for name in sorted(params):
+        record = params[name]
+        if record.get("launched") is not True:
+            continue
+        state = states.get(name) or {}
+        joined = dict(record)
+        joined["name"] = name
+        joined["current"] = state.get("current")
+        gen = state.get("generation") or {}
+        joined["generation"] = {"durable": gen.get("durable", 0), "ephemeral": gen.get("ephemeral", 0)}
+        out[name] = joined
+    return out

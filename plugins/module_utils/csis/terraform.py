@@ -1,0 +1,224 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The terraform/OpenTofu adapter: every terraform process csis.infra starts, and the
+environment each one gets.
+
+Commands: :func:`run` (any command, output captured), :func:`prepare_steps` (the
+``fmt -check``/``init``/``validate`` of a rendered root), :func:`show_json` (a saved
+plan as JSON), :func:`state_pull` (a root's raw state), :func:`force_unlock` and
+:func:`version` (``version -json``, offline and write-free). Failures raise
+:class:`TerraformError` naming the command.
+
+Environment: every process gets ``TF_CLI_CONFIG_FILE`` pointing at a CLI configuration
+written here, so that
+
+* ``init`` works offline from a filesystem mirror of the providers when one exists
+  (``CSIS_PROVIDER_MIRROR``, else the first of :data:`MIRROR_CANDIDATES` that exists);
+* every root shares one ``plugin_cache_dir`` (``CSIS_PLUGIN_CACHE_DIR``, else
+  ``<cache>/plugin-cache``), so a root gets a link to the provider, not a 700 MB copy.
+
+The machine's environment may set ``TF_CLI_CONFIG_FILE`` to a missing file; we never
+inherit it. ``CSIS_TF_CLI_CONFIG_FILE`` names an operator-provided file to use as is.
+
+Plain Python: importable without Ansible.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import CsisError
+
+
+class TerraformError(CsisError):
+    """A terraform command could not run or failed; the message names it."""
+
+
+MIRROR_CANDIDATES = (
+    "/opt/tf-plugins",
+    "/usr/share/terraform/plugins",
+    "/usr/local/share/terraform/plugins",
+    os.path.expanduser("~/.terraform.d/plugins"),
+)
+
+
+def cache_dir(env: Optional[Mapping[str, str]] = None) -> str:
+    env = os.environ if env is None else env
+    base = env.get("CSIS_CACHE_DIR") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "csis-infra")
+    return os.path.abspath(base)
+
+
+def provider_mirror(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    env = os.environ if env is None else env
+    explicit = env.get("CSIS_PROVIDER_MIRROR")
+    if explicit:
+        return os.path.abspath(explicit)
+    for cand in MIRROR_CANDIDATES:
+        if os.path.isdir(os.path.join(cand, "registry.terraform.io")):
+            return cand
+    return None
+
+
+def render_cli_config(mirror: Optional[str], plugin_cache: str) -> str:
+    lines = [
+        "# csis.infra terraform CLI configuration (written by csis.infra; do not edit)",
+        'plugin_cache_dir = "%s"' % plugin_cache.replace("\\", "\\\\").replace('"', '\\"'),
+        "plugin_cache_may_break_dependency_lock_file = true",
+        "disable_checkpoint = true",
+    ]
+    if mirror:
+        esc = mirror.replace("\\", "\\\\").replace('"', '\\"')
+        lines += [
+            "provider_installation {",
+            "  filesystem_mirror {",
+            '    path    = "%s"' % esc,
+            '    include = ["registry.terraform.io/*/*", "registry.opentofu.org/*/*"]',
+            "  }",
+            "  direct {",
+            '    exclude = ["registry.terraform.io/*/*", "registry.opentofu.org/*/*"]',
+            "  }",
+            "}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def ensure_cli_config(env: Optional[Mapping[str, str]] = None) -> str:
+    """Write (if changed) and return the path of the CLI configuration file."""
+    env = os.environ if env is None else env
+    own = env.get("CSIS_TF_CLI_CONFIG_FILE")
+    if own:
+        return os.path.abspath(own)
+    base = cache_dir(env)
+    plugin_cache = os.path.abspath(env.get("CSIS_PLUGIN_CACHE_DIR") or os.path.join(base, "plugin-cache"))
+    os.makedirs(plugin_cache, exist_ok=True)
+    text = render_cli_config(provider_mirror(env), plugin_cache)
+    path = os.path.join(base, "terraformrc")
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            if fh.read() == text:
+                return path
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=base, prefix=".terraformrc.")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def terraform_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Environment for a terraform subprocess: ``base`` plus our CLI configuration."""
+    env = dict(os.environ if base is None else base)
+    env["TF_CLI_CONFIG_FILE"] = ensure_cli_config(env)
+    env.setdefault("TF_IN_AUTOMATION", "1")
+    env.setdefault("CHECKPOINT_DISABLE", "1")
+    return env
+
+
+def env_overrides(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Only the variables :func:`terraform_env` adds (for an Ansible ``environment:``)."""
+    full = terraform_env(base)
+    return {k: full[k] for k in ("TF_CLI_CONFIG_FILE", "TF_IN_AUTOMATION", "CHECKPOINT_DISABLE")}
+
+
+# --------------------------------------------------------------------------- commands
+def run(binary: str, args: Sequence[str], cwd: str, extra_env: Optional[Mapping[str, str]] = None,
+        timeout: int = 900) -> Dict[str, Any]:
+    """``<binary> <args>`` in ``cwd``: ``{cmd, rc, stdout, stderr}`` (the last 4000 characters of each)."""
+    env = terraform_env(dict(os.environ, **(extra_env or {})))
+    res = subprocess.run([binary] + list(args), cwd=cwd, capture_output=True, text=True, env=env,
+                         timeout=timeout, check=False)
+    return {"cmd": " ".join([os.path.basename(binary)] + list(args)), "rc": res.returncode,
+            "stdout": res.stdout[-4000:], "stderr": res.stderr[-4000:]}
+
+
+def prepare_steps(dry_run: bool, backend_file: Optional[str]) -> List[List[str]]:
+    """The argument lists of ``fmt -check``, ``init`` and ``validate`` for a rendered root
+    (``init -backend=false`` in a dry run, else ``-reconfigure`` with the partial backend file)."""
+    init = ["init", "-input=false", "-no-color"]
+    if dry_run:
+        init.append("-backend=false")
+    else:
+        init.append("-reconfigure")
+        if backend_file:
+            init.append("-backend-config=%s" % backend_file)
+    return [["fmt", "-check", "-no-color"], init, ["validate", "-no-color"]]
+
+
+def show_json(plan_path: str, project_path: str, binary_path: str = "terraform",
+              env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """``<binary_path> show -json <plan_path>`` run in ``project_path``."""
+    run_env = terraform_env(env)
+    try:
+        proc = subprocess.run([binary_path, "show", "-json", "-no-color", plan_path], cwd=project_path,
+                              env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+    except OSError as exc:
+        raise TerraformError("cannot run %s: %s" % (binary_path, exc))
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip()[-2000:]
+        raise TerraformError("%s show -json %s failed (exit %d): %s" % (binary_path, plan_path, proc.returncode, err))
+    try:
+        return json.loads(proc.stdout.decode("utf-8"))
+    except ValueError as exc:
+        raise TerraformError("%s show -json %s printed no JSON: %s" % (binary_path, plan_path, exc))
+
+
+def state_pull(project_path: str, binary: str = "terraform") -> Dict[str, Any]:
+    """The root's raw state (``state pull``: no provider schema load)."""
+    res = subprocess.run([binary, "state", "pull"], cwd=project_path, capture_output=True, text=True,
+                         env=terraform_env(), timeout=600, check=False)
+    if res.returncode != 0:
+        raise TerraformError("%s: 'state pull' failed (rc %d): %s" % (project_path, res.returncode, res.stderr.strip()[-1500:]))
+    if not res.stdout.strip():
+        return {"resources": [], "outputs": {}}
+    try:
+        return json.loads(res.stdout)
+    except ValueError as exc:
+        raise TerraformError("%s: 'state pull' did not print JSON: %s" % (project_path, exc))
+
+
+def force_unlock(project_path: str, binary: str, lock_id: str,
+                 env: Optional[Mapping[str, str]] = None) -> Tuple[int, str]:
+    """``force-unlock -force <lock_id>``: (exit code, the end of what it printed)."""
+    proc = subprocess.run([binary, "force-unlock", "-force", "-no-color", str(lock_id)], cwd=project_path,
+                          env=terraform_env(env), capture_output=True, text=True, check=False)
+    return proc.returncode, (proc.stderr or proc.stdout).strip()[-1000:]
+
+
+_VERSION_CACHE: Dict[str, Tuple[Optional[str], Optional[str]]] = {}
+
+
+def version(binary: str) -> Tuple[Optional[str], Optional[str]]:
+    """(version, error) of a terraform/tofu binary through ``<binary> version -json``."""
+    if binary in _VERSION_CACHE:
+        return _VERSION_CACHE[binary]
+    path = shutil.which(binary)
+    # no CLI configuration (nothing to write), no update check: offline and write-free
+    env = {k: v for k, v in os.environ.items() if k != "TF_CLI_CONFIG_FILE"}
+    env["CHECKPOINT_DISABLE"] = "1"
+    if path is None:
+        res: Tuple[Optional[str], Optional[str]] = (None, "binary '%s' was not found (not on PATH and not an executable file)" % binary)
+    else:
+        try:
+            out = subprocess.run([path, "version", "-json"], capture_output=True, text=True, timeout=60,
+                                 env=env, check=False, stdin=subprocess.DEVNULL)
+            data = json.loads(out.stdout)
+            res = (str(data["terraform_version"]), None)
+        except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+            res = (None, "'%s version -json' did not report terraform_version (%s)" % (binary, type(exc).__name__))
+    _VERSION_CACHE[binary] = res
+    return res
+
+
+if __name__ == "__main__":  # pragma: no cover - used by scripts/bootstrap
+    if "--write" in sys.argv:
+        sys.stdout.write(ensure_cli_config() + "\n")

@@ -1,0 +1,87 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The YAML adapter: the dialects csis.infra reads and writes.
+
+* :func:`config_loaders` -- configuration files: a safe loader that refuses duplicate
+  mapping keys (libyaml when available, and its pure-Python twin whose error messages
+  are clearer), with the :class:`DuplicateKeyError` it raises;
+* :func:`meta_loader` / :func:`meta_dumper` -- meta-state files: timestamps stay strings,
+  output is libyaml's when available (both emitters give the same text for plain data).
+
+PyYAML is optional at import time (Ansible's sanity ``import`` test imports every file
+without it; ansible-core itself requires it): :data:`HAS_YAML` says whether it is there,
+and the loaders are built on first use.
+"""
+from __future__ import annotations
+
+import functools
+import traceback
+from typing import Any, Dict, Optional, Tuple
+
+try:
+    import yaml
+    HAS_YAML = True
+    YAML_IMPORT_ERROR: Optional[str] = None
+except ImportError:
+    yaml = None  # type: ignore[assignment]
+    HAS_YAML = False
+    YAML_IMPORT_ERROR = traceback.format_exc()
+
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
+@functools.lru_cache(maxsize=None)
+def config_loaders() -> Tuple[Any, Any, Any]:
+    """(the fast loader, the pure-Python loader, DuplicateKeyError) for configuration files."""
+
+    class DuplicateKeyError(yaml.constructor.ConstructorError):
+        pass
+
+    class UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        """SafeLoader (libyaml when available) that refuses duplicate mapping keys."""
+
+    class PyUniqueKeyLoader(yaml.SafeLoader):
+        """The pure-Python loader: only used again on a syntax error, for its clearer message."""
+
+    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Dict[Any, Any]:
+        loader.flatten_mapping(node)
+        seen: Dict[Any, Any] = {}
+        for key_node, _value in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+            except TypeError:  # an unhashable key: let the constructor report it
+                dup = False
+            if dup:
+                raise DuplicateKeyError(
+                    "while constructing a mapping", node.start_mark,
+                    "found duplicate key %r" % (key,), key_node.start_mark)
+            if not isinstance(key, (list, dict)):
+                seen[key] = True
+        return loader.construct_mapping(node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    PyUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader, PyUniqueKeyLoader, DuplicateKeyError
+
+
+@functools.lru_cache(maxsize=None)
+def meta_loader() -> Any:
+    """A safe loader (libyaml when available) that reads timestamps as strings."""
+
+    class MetaLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader):  # type: ignore[misc]
+        """Safe loader that reads timestamps as strings (meta-state is plain JSON-able data)."""
+
+    MetaLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != _TIMESTAMP]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    MetaLoader.add_constructor(_TIMESTAMP, yaml.SafeLoader.construct_yaml_str)
+    return MetaLoader
+
+
+def meta_dumper() -> Any:
+    """libyaml's safe emitter when present (about 5x faster than the pure-Python one on large
+    trees); both give the same text for meta-state data (tests/unit/test_metastate.py checks it)."""
+    return getattr(yaml, "CSafeDumper", yaml.SafeDumper)
