@@ -167,7 +167,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             return (0, rank[path], 0, i)
         return (1, 0, -counts[path], first_seen[path], i)
 
-    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+    items[:] = [item for _pos, item in sorted(enumerate(items), key=key)]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -98,7 +98,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, tmp_path, monkeypatch):
     original = open(builders, "rb").read()
     e2e.set_storage_builder_size(root, "aws-ebs", 120)
     try:
-        r, out, _ = _job(pdd, "apply-moved", dict(base, csis_phase="apply", csis_approved_plans=approved))
+        r, out, _pdd = _job(pdd, "apply-moved", dict(base, csis_phase="apply", csis_approved_plans=approved))
     finally:
         open(builders, "wb").write(original)
     assert r.status == "failed", out[-4000:]
@@ -109,7 +109,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, tmp_path, monkeypatch):
         Filters=[{"Name": "tag:csis_config", "Values": ["csis-example"]}, {"Name": "size", "Values": ["120"]}])["Volumes"]
 
     # 3. the apply job with the approved digests, on the approved configuration: applies
-    r, out, _ = _job(pdd, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved))
+    r, out, _pdd = _job(pdd, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved))
     assert r.status == "successful", out[-4000:]
     assert _ran(out, "Apply exactly that plan file") == ["changed"]
     recs = e2e.meta(root, "storage-state.yaml")["storages"]

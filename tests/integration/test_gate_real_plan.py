@@ -95,7 +95,7 @@ def _run_playbook(tmp_path, name, text, extra):
                ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([PLAYBOOK_BIN, "-i", "localhost,", str(pb), "-e", "@%s" % ev],
                           cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=600)
+                          timeout=600, check=False)
     assert results.exists(), proc.stdout
     return json.loads(results.read_text()), proc
 
@@ -129,7 +129,7 @@ def tf_root(tmp_path_factory):
         """))
     (root / "gen.auto.tfvars").write_text('gen = "1"\n')
     proc = subprocess.run(["terraform", "init", "-input=false", "-no-color"], cwd=str(root), env=terraform_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
     assert (root / ".terraform" / "modules" / "modules.json").exists()
     return base, root

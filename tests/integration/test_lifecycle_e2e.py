@@ -111,8 +111,8 @@ def test_site_applies_the_example_tree(site, moto_endpoint):
     bucket = "csis-example-default-bucket"
     rules = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
     transitions = [t for r in rules if r["Status"] == "Enabled" for t in r.get("Transitions", [])]
-    assert {"Days": 30, "StorageClass": "STANDARD_IA"} in [{"Days": t.get("Days"), "StorageClass": t["StorageClass"]}
-                                                            for t in transitions], rules
+    seen = [{"Days": t.get("Days"), "StorageClass": t["StorageClass"]} for t in transitions]
+    assert {"Days": 30, "StorageClass": "STANDARD_IA"} in seen, rules
     tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket)["TagSet"]}
     assert tags.get("env") == "production" and tags.get("team") == "devops", tags
 
@@ -412,4 +412,3 @@ def test_killed_apply_then_rerun_converges(ebs, moto_endpoint):
     assert recs["mnt_scratch"]["state"] == "active"
     for vid in ids:
         assert volume(ep, vid)["State"] in ("available", "in-use")
-

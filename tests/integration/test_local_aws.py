@@ -20,7 +20,7 @@ SCRIPT = os.path.join(REPO_ROOT, "scripts", "local-aws")
 
 def run(state_dir, *args, ok=(0,)):
     proc = subprocess.run([sys.executable, SCRIPT, "--state-dir", str(state_dir), *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode in ok, proc.stdout + proc.stderr
     return proc
 

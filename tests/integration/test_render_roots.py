@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import textwrap
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 

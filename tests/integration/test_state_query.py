@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from typing import Any, Dict, List
 
@@ -61,7 +60,7 @@ class Tree:
                               "csis_overlays": [self.moto.overlay_path] + list(overlays)}
         xv.update(extra)
         return subprocess.run([PLAYBOOK, os.path.join("playbooks", playbook), "-e", json.dumps(xv)],
-                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=1800)
+                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=1800, check=False)
 
     def query(self, overlays: List[str] = ()) -> Dict[str, Any]:
         res = self.play("state_query.yml", overlays)

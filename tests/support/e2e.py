@@ -19,11 +19,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
@@ -362,7 +361,7 @@ def run_playbook_at_prompt(playbook: str, config_root: str, endpoint_env: Mappin
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            r, _, _ = select.select([master], [], [], 0.5)
+            r, _w, _x = select.select([master], [], [], 0.5)
             if r:
                 try:
                     chunk = os.read(master, 65536)

@@ -199,8 +199,8 @@ def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path
 # --------------------------------------------------------------------------- archived -> destroyed
 def test_archived_to_destroyed_is_recorded_only_after_the_snapshot_deletion(tmp_path):
     root = str(tmp_path)
-    write_meta(root, "storage-state.yaml", {"storages": {"mnt_data": {"state": "archived", "generation": 1,
-                                                                        "facts": {"builder": "aws-ebs", "type": "ebs"}}}})
+    write_meta(root, "storage-state.yaml", {"storages": {"mnt_data": {
+        "state": "archived", "generation": 1, "facts": {"builder": "aws-ebs", "type": "ebs"}}}})
     rp = {"builder": "aws-ebs", "lifecycle": "storage", "storages": {"mnt_data": {
         "builder": "aws-ebs", "type": "ebs", "requested_state": "destroyed", "current_state": "archived",
         "address": "module.storage_mnt_data", "archive_snapshot": "csis-mnt-data-archive"}}}

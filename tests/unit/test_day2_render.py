@@ -67,8 +67,8 @@ def tree(tmp_path):
     write_meta(root, "instance-state.yaml", {"instances": {
         n: {"generation": {"durable": 1, "ephemeral": 0}, "current": {"number": 1, "kind": "durable", "instance_id": "i-%s" % n}}
         for n in ("test", "test2")}})
-    write_meta(root, "storage-state.yaml", {"storages": {"mnt_data": {"state": "active", "generation": 1,
-                                                                        "facts": {"builder": "aws-ebs", "type": "ebs"}}}})
+    write_meta(root, "storage-state.yaml", {"storages": {"mnt_data": {
+        "state": "active", "generation": 1, "facts": {"builder": "aws-ebs", "type": "ebs"}}}})
     return root
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift as d
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import lookups
@@ -49,7 +48,7 @@ def lines(report):
 def test_everything_present_is_no_drift():
     e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="bkt")], [inst("web")])
     r = d.classify(e, {"storages": {"data": vol("vol-1"), "b": {"present": True, "what": "bucket", "id": "bkt",
-                                                                  "state": "available", "tags": {}}},
+                                                                "state": "available", "tags": {}}},
                        "instances": {"web": {"present": True, "id": "i-0aaa", "state": "running", "ami": "ami-1"}},
                        "foreign": []}, run="r1")
     assert r["drift"] == [] and r["unavailable"] == [] and r["notes"] == []
@@ -285,7 +284,7 @@ def test_observe_scans_foreign_by_tag_excluding_recorded_ids():
                                                        "Tags": [{"Key": "csis_config", "Value": "someone-else"}]}]},
             "list_buckets": {"Buckets": [{"Name": "mine"}, {"Name": "stray"}, {"Name": "untagged"}]},
             "get_bucket_tagging": lambda Bucket: (
-                {"TagSet": [{"Key": "csis_config", "Value": TAG}]} if Bucket != "untagged" else (_ for _ in ()).throw(FakeErr("NoSuchTagSet"))),
+                {"TagSet": [{"Key": "csis_config", "Value": TAG}]} if Bucket != "untagged" else (_x for _x in ()).throw(FakeErr("NoSuchTagSet"))),
         })
 
     e = exps([st("data", volume_id="vol-1"), st("b", stype="s3", bucket="mine")])

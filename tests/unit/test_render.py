@@ -31,6 +31,7 @@ import render_trees as rt
 
 ALL = rt.LIFECYCLES
 
+
 def fmt_texts(files, binary):
     """The .tf texts as `terraform fmt` (the real binary) writes them; other files unchanged."""
     import subprocess
@@ -53,7 +54,6 @@ def fmt_texts(files, binary):
             with open(os.path.join(tmp, n), encoding="utf-8") as fh:
                 out[n] = fh.read()
     return out
-
 
 
 def plans(root: str, lifecycle: str, overlays: tuple = (), undeclare: tuple = (), **opts: Any) -> List[RootPlan]:
@@ -301,7 +301,7 @@ def test_storage_states(variations: Dict[str, Any]) -> None:
     assert 'availability_zone = "us-east-2b"' in norm(restored)  # the storage's own zone wins
     assert {"storage": "restored-vol", "action": "delete_archive_snapshot", "from": "archived", "to": "active",
             "snapshot_name": "csis-restored-vol-archive"} in [{k: v for k, v in t.items() if k != "tags"}
-                                                                for t in ebs.transitions_after]
+                                                              for t in ebs.transitions_after]
     # a new storage: no snapshot; the runtime's default subnet gives the zone
     data = f["ebs-storage-generation-storage-data_vol.tf"]
     assert "snapshot_name" not in data and 'subnet_id = "subnet-0123456789abcdef0"' in norm(data)

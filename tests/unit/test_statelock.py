@@ -100,7 +100,7 @@ def test_live_holders_finds_a_terraform_process_on_the_same_state(tmp_path):
     proc = subprocess.Popen([str(fake), "30"], cwd=root)
     try:
         import time
-        for _ in range(50):
+        for _attempt in range(50):
             found = sl.live_holders(sl.backend_of(root))
             if found:
                 break

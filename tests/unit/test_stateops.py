@@ -4,7 +4,6 @@ the refusals (still exists, cannot check, undeclared, wrong shape, absent) and w
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 from trees import copy_as_shipped
@@ -88,7 +87,7 @@ def test_forget_instance(root):
     assert ms(root, "launch-params.yaml")["instances"] == {}
     pins = ms(root, "pins.yaml")
     assert pins["instances"] == {} and pins["upgrades"][-1] == {"kind": "instance", "name": "test2", "from": "ami-1",
-                                                               "op": "forget", "run": "r2"}
+                                                                "op": "forget", "run": "r2"}
     st = ms(root, "instance-state.yaml")["instances"]["test2"]
     assert st["current"] is None and st["history"][-1]["why"] == "forgotten" and st["generation"]["durable"] == 1
 
@@ -106,7 +105,7 @@ def test_import_storage_refusals(root):
     with MetaState(root).transaction("test") as txn:
         data = txn.load("storage-state.yaml")
         data["storages"]["old"] = {"state": "active", "facts": {"builder": "aws-ebs", "type": "ebs",
-                                                                  "volume_id": "vol-0cccccccccccccccc"}}
+                                                                "volume_id": "vol-0cccccccccccccccc"}}
         txn.save("storage-state.yaml", data)
     with pytest.raises(so.StateOpError, match="already recorded for storage 'old'"):
         so.import_storage(root, "mnt_data", "vol-0cccccccccccccccc", factory=vol)

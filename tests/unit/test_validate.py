@@ -44,7 +44,7 @@ def test_the_example_tree_is_valid_with_the_real_executable(example):
 
 
 def test_the_example_overlay_applies(example):
-    tree, _ = load_and_validate(example, overlays=["overlays/apply-all.yml"], run_version=corpus.version_stub({}))
+    tree, _validation = load_and_validate(example, overlays=["overlays/apply-all.yml"], run_version=corpus.version_stub({}))
     assert tree.config.apply_storage is True and tree.config.apply_instances is True
     assert tree.config_source["apply_storage"] == "overlays/apply-all.yml"
 

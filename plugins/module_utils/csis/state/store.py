@@ -103,7 +103,7 @@ _KIND_NAMES = {dict: "mapping", list: "list", str: "string", int: "integer",
 
 def _kind(value: Any) -> str:
     for typ, label in _KIND_NAMES.items():
-        if type(value) is typ:  # noqa: E721 - exact: bool is not an int here
+        if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):  # exact: bool is not an int here
             return label
     return type(value).__name__
 
@@ -139,7 +139,7 @@ def _expect_list(name: str, where: str, value: Any) -> None:
 
 
 def _expect_int(name: str, where: str, value: Any) -> None:
-    if type(value) is not int:
+    if not isinstance(value, int) or isinstance(value, bool):
         raise _fail(name, where, "must be an integer, got %s" % _kind(value))
 
 
