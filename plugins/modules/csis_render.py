@@ -15,6 +15,9 @@ description:
     them under C(<config_root>/generated/<lifecycle>/<builder>/<phase>/).
   - Each root is replaced as a whole (staged beside it, compared, then swapped in; the emission is already in C(terraform fmt) form); files that
     csis.infra did not generate (C(.terraform/), local state, plan files) are kept.
+  - Without C(module_source_base) in C(cfg/_config.yml), the roots call the collection's own terraform
+    modules, copied into C(<config_root>/generated/.modules/<collection version>/) (only when they differ)
+    and referenced by relative paths, so a rendered tree plans wherever it is moved or checked out.
   - Then runs C(fmt -check), C(init) and C(validate) in every root, in parallel.
     C(init) is C(init -backend=false) in a dry run and
     C(init -reconfigure -backend-config=<backend file>) otherwise.
@@ -212,6 +215,12 @@ config_root:
   description: The configuration root, as an absolute path.
   returned: success
   type: str
+modules:
+  description:
+    - The collection's terraform modules vendored into the tree (C(directory), C(version), C(changed)),
+      which the roots call when C(module_source_base) is not set; null when it is set.
+  returned: success
+  type: dict
 undeclared:
   description: The instances treated as undeclared in this run (O(undeclare)).
   returned: success
@@ -267,7 +276,7 @@ def main():
     for w in out["warnings"]:
         module.warn(w)
     result = dict(changed=out["changed"], roots=out["roots"], tf_env=out["tf_env"], warnings_list=out["warnings"],
-                  config_root=out["config_root"], undeclared=out["undeclared"])
+                  config_root=out["config_root"], undeclared=out["undeclared"], modules=out["modules"])
     if module._diff:
         result["diff"] = [{"prepared": unified(d)} for d in out["diff"]]
     module.exit_json(**result)

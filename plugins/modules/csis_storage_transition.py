@@ -46,7 +46,7 @@ EXAMPLES = r"""
 - name: Archive snapshot before the volume's whitelisted destroy
   csis.infra.csis_storage_transition:
     root: "{{ root }}"
-    transition: {storage: mnt_data, action: snapshot, snapshot_name: csis-mnt-data-archive}
+    transition: {storage: mnt_data, action: snapshot, snapshot_name: csis-mnt_data-archive}
 """
 
 RETURN = r"""

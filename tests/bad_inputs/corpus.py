@@ -75,7 +75,7 @@ def copy_examples(dest: str) -> str:
     left there), with a previous render (the golden) as its generated/."""
     from trees import copy_as_shipped
 
-    copy_as_shipped(EXAMPLES, dest, link_tfmodules=False)
+    copy_as_shipped(EXAMPLES, dest)
     shutil.copytree(GOLDEN, os.path.join(dest, "generated"))
     return dest
 

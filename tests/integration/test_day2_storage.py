@@ -40,7 +40,7 @@ def declare(t, **states):
 def archive_snaps(t):
     ec2 = t.moto.client("ec2")
     return ec2.describe_snapshots(OwnerIds=["self"], Filters=[
-        {"Name": "tag:Name", "Values": ["csis-mnt-data-archive"]},
+        {"Name": "tag:Name", "Values": ["csis-mnt_data-archive"]},
         {"Name": "tag:csis_config", "Values": [TAG]}])["Snapshots"]
 
 
@@ -133,7 +133,7 @@ def test_a_dry_run_while_archived_changes_nothing(tree):
     assert archive_snaps(tree) == snaps
     ebs_tf = os.path.join(tree.root, "generated/storage/aws-ebs/storage-generation/aws-ebs-storage-generation-storage-mnt_data.tf")
     with open(ebs_tf, encoding="utf-8") as fh:
-        assert 'snapshot_name = "csis-mnt-data-archive"' in " ".join(fh.read().split()).replace("  ", " ")
+        assert 'snapshot_name = "csis-mnt_data-archive"' in " ".join(fh.read().split()).replace("  ", " ")
 
 
 def test_restore_brings_the_volume_back_from_the_snapshot_and_deletes_it(tree):

@@ -250,15 +250,11 @@ def test_cache_entry_for_another_config_root_is_ignored(tmp_path, config_root):
     assert all_hosts(inv) == ["solo"]
 
 
-@pytest.mark.parametrize("setup", ["no-root", "no-meta-state", "empty-files", "none-launched"])
+@pytest.mark.parametrize("setup", ["no-root", "no-meta-state", "none-launched"])
 def test_empty_or_missing_meta_state_is_an_empty_inventory(tmp_path, setup):
     root = tmp_path / "config"
     if setup != "no-root":
         root.mkdir()
-    if setup == "empty-files":
-        (root / "meta-state").mkdir()
-        (root / "meta-state" / "launch-params.yaml").write_text("")
-        (root / "meta-state" / "instance-state.yaml").write_text("# nothing yet\n")
     if setup == "none-launched":
         with MetaState(str(root)).transaction() as txn:
             txn.save("launch-params.yaml", {"instances": {"p": {"launched": False}}})
@@ -276,6 +272,9 @@ def test_empty_or_missing_meta_state_is_an_empty_inventory(tmp_path, setup):
      "launch-params.yaml: YAML syntax error at line 3"),
     ("instance-state.yaml", "instances:\n  test2:\n    current: [1, 2]\n",
      "instance-state.yaml: 'instances.test2.current' must be a mapping, got list"),
+    # an emptied file is no empty inventory (issue 16, defect 3)
+    ("launch-params.yaml", "", "launch-params.yaml: is empty (0 bytes), but csis.infra never writes"),
+    ("instance-state.yaml", "# nothing yet\n", "instance-state.yaml: holds no records, only comments"),
 ])
 def test_corrupt_file_fails_naming_it(tmp_path, config_root, name, text, message):
     (config_root / "meta-state" / name).write_text(text, encoding="utf-8")

@@ -5,7 +5,7 @@
 lifecycle-overhead benchmark.
 
 * :func:`copy_example_tree` copies ``examples/`` without what a run produces
-  (``generated/``, ``meta-state/``, ``state/``) and makes ``../tfmodules`` resolve.
+  (``generated/``, ``meta-state/``, ``state/``).
 * :func:`make_ebs_tree` is the same tree cut down to ONE EBS volume and no instance,
   with its own state key (so several trees share one moto server and state bucket).
 * :func:`run_playbook` / :func:`start_playbook` run ``ansible-playbook`` from the
@@ -28,7 +28,6 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
-TFMODULES = os.path.join(REPO, "tfmodules")
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
 PLAYBOOK_BIN = os.path.join(VENV_BIN, "ansible-playbook")
 APPLY_ALL = "overlays/apply-all.yml"
@@ -40,9 +39,8 @@ _SCRUB = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CRE
 
 def copy_example_tree(parent: str, name: str = "examples") -> str:
     """``<parent>/<name>``: a copy of ``examples/`` as a user would start from it; returns the config root.
-
-    The example's ``module_source_base`` is ``../tfmodules``: ``<parent>/tfmodules``
-    becomes a symlink to the collection's modules.
+    (The example sets no ``module_source_base``: its roots call the collection's own modules,
+    copied into ``generated/.modules/`` by csis_render.)
     """
     from trees import copy_as_shipped
 

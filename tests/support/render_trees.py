@@ -3,8 +3,8 @@
 # Apache License 2.0 (see LICENSE)
 """Configuration trees the render tests use, always as copies in a temporary directory.
 
-Every tree's ``module_source_base`` is ``../tfmodules``: a copy lands at
-``<tmp>/<name>`` with ``<tmp>/tfmodules`` linked to the checkout's ``tfmodules/``.
+No tree sets ``module_source_base``: the roots call the collection's own modules, which
+csis_render copies into the tree's ``generated/.modules/<version>/``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ NASTY = 'say "hi" \\ back\\slash ${not_interp} %{ if x }directive%{ endif } $${x
 
 def copy_tree(name: str, dest_parent: str, target_name: Optional[str] = None) -> str:
     """Copy tree ``name`` to ``dest_parent/<target_name or name>`` (without any ``generated/``
-    or run output) and link ``dest_parent/tfmodules``; return the copy's path."""
+    or run output); return the copy's path."""
     from trees import copy_as_shipped
 
     dest = os.path.join(dest_parent, target_name or name)
@@ -102,7 +102,7 @@ def escaping_tags() -> Dict[str, str]:
     return {
         "Name": 'box "one"',
         "Backslash": "C:\\path\\to\\${HOME}",
-        "Multi": "line one\nline two\ttabbed",
+        "Multi": "line one, two; and (three)",
         "Interp": "${var.secret}",
         "Directive": "%{ for x in y }${x}%{ endfor }",
         "Escaped": "$${already} %%{escaped}",

@@ -18,7 +18,6 @@ from typing import List
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
-TFMODULES = os.path.join(REPO, "tfmodules")
 
 #: what a run writes at a tree's top level
 RUN_OUTPUTS = ("generated", "meta-state", "state", "unmount-receipts")
@@ -26,11 +25,11 @@ RUN_OUTPUTS = ("generated", "meta-state", "state", "unmount-receipts")
 TERRAFORM_DEBRIS = (".terraform", "tfplan", ".terraform.lock.hcl")
 
 
-def copy_as_shipped(src: str, dest: str, keep_meta_state: bool = False, link_tfmodules: bool = True) -> str:
+def copy_as_shipped(src: str, dest: str, keep_meta_state: bool = False) -> str:
     """Copy the tree ``src`` to ``dest`` without run output; return ``dest``.
 
-    With ``link_tfmodules`` (the default) ``<dest>/../tfmodules`` links to the checkout's
-    modules, so a ``module_source_base: ../tfmodules`` resolves as it does in the checkout.
+    Nothing is linked next to the copy: without ``module_source_base`` the roots call the
+    collection's own modules, which csis_render copies into ``generated/.modules/``.
     """
     top = os.path.abspath(src)
     skip_top = tuple(n for n in RUN_OUTPUTS if not (keep_meta_state and n == "meta-state"))
@@ -42,8 +41,4 @@ def copy_as_shipped(src: str, dest: str, keep_meta_state: bool = False, link_tfm
         return out
 
     shutil.copytree(top, dest, symlinks=True, ignore=ignore)
-    if link_tfmodules:
-        link = os.path.join(os.path.dirname(os.path.abspath(dest)), "tfmodules")
-        if not os.path.lexists(link):
-            os.symlink(TFMODULES, link)
     return dest

@@ -40,6 +40,7 @@ class FakeSSM:
 def launched_root(tmp_path):
     root = str(tmp_path)
     write_meta(root, "instance-state.yaml", {"instances": {"test2": {"current": {"number": 1, "instance_id": "i-0abc"}}}})
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": {"launched": True}}})
     return root
 
 

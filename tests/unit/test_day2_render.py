@@ -167,6 +167,8 @@ def test_teardown_after_not_elapsed_or_a_passing_verdict_re_verifies(tmp_path, t
 def test_archive_transitions_carry_the_trees_tag(tree):
     edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].pop("storages"))
     write_meta(tree, "launch-params.yaml", {"instances": {}})
+    write_meta(tree, "instance-state.yaml", {"instances": {}})  # the records of one instance go together
+    write_meta(tree, "pins.yaml", {"instances": {}, "pending_replacements": {}, "upgrades": []})
     edit(tree, "storages/storage0.yaml", lambda d: d["storages"][0].update(state="archived"))
     t, meta = load_and_validate(tree, run_version=corpus.version_stub({}))
     (ebs,) = [r for r in plan_roots(t, meta, "storage", RenderOptions()) if r.builder == "aws-ebs"]

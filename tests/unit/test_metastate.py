@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import os
 import signal
 import socket
@@ -56,7 +57,8 @@ SAMPLES = {
     "storage-state.yaml": {"storages": {"data": {
         "state": "active", "generation": 1, "facts": {"builder": "aws-ebs", "type": "ebs"},
         "history": [{"from": None, "to": "active", "run": "r1", "generation": 1}]}}},
-    "storage.yaml": {"run": "r1", "storages": {"data": {"builder": "aws-ebs", "type": "ebs"}}},
+    "storage.yaml": {"run": "r1", "storages": {"data": {"builder": "aws-ebs", "type": "ebs",
+                                                        "current_state": "active"}}},
     "verifications.yaml": {"verifications": [{"instance": "test2", "ok": True, "checks": []}]},
     "lineage.yaml": {"builds": [{"build_id": "ami-1", "series": "base"}]},
     "runs.yaml": {"runs": [{"run": "r1", "ok": True, "apply": {"storage": "applied"}}]},
@@ -68,13 +70,26 @@ SAMPLES = {
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(metastate.FILES))
-def test_missing_and_empty_files_read_as_empty_shape(tmp_path, name):
+def test_missing_files_read_as_empty_shape(tmp_path, name):
     ms = _ms(tmp_path)
     assert ms.load(name) == metastate.empty(name)
-    _write_raw(ms, name, "")
-    assert ms.load(name) == metastate.empty(name)
-    _write_raw(ms, name, HEADER + "# only comments\n")
-    assert ms.load(name) == metastate.empty(name)
+
+
+@pytest.mark.parametrize("name", sorted(metastate.FILES))
+@pytest.mark.parametrize("text,reason", [
+    ("", "is empty (0 bytes), but csis.infra never writes an empty meta-state file"),
+    ("\n  \n", "is empty (4 bytes)"),
+    ("# nothing yet\n", "holds no records, only comments"),
+    (metastate.LEGACY_HEADER, "holds no records, only comments"),
+])
+def test_empty_files_are_refused_not_read_as_empty(tmp_path, name, text, reason):
+    ms = _ms(tmp_path)
+    path = _write_raw(ms, name, text)
+    with pytest.raises(MetaStateError) as err:
+        ms.load(name)
+    assert str(err.value).startswith("meta-state/%s: %s" % (name, reason))
+    assert "nothing is read from it or written to it until it is restored" in str(err.value)
+    assert path.read_text(encoding="utf-8") == text
 
 
 def test_empty_shapes():
@@ -87,17 +102,19 @@ def test_empty_shapes():
 def test_round_trip(tmp_path, name):
     ms = _ms(tmp_path)
     with ms.transaction("test") as txn:
-        txn.save(name, SAMPLES[name])
+        for other in metastate.partners([name]):  # the files it must agree with
+            txn.save(other, SAMPLES[other])
     got = ms.load(name)
     assert got == metastate.validate(name, SAMPLES[name])
     text = Path(ms.path(name)).read_text(encoding="utf-8")
-    assert text.startswith(HEADER)
+    assert text.startswith(HEADER) and text.endswith(metastate.FOOTER)
     assert text == metastate.dumps(got)
 
 
 def test_load_returns_independent_copies(tmp_path):
     ms = _ms(tmp_path)
     with ms.transaction() as txn:
+        txn.save("launch-params.yaml", SAMPLES["launch-params.yaml"])
         txn.save("pins.yaml", SAMPLES["pins.yaml"])
         inside = txn.load("pins.yaml")
         inside["instances"]["x"] = "ami-x"
@@ -121,20 +138,20 @@ def test_timestamps_stay_strings_and_datetimes_are_converted(tmp_path):
 
 def test_extra_top_level_keys_are_kept(tmp_path):
     ms = _ms(tmp_path)
-    _write_raw(ms, "storage.yaml", "run: r7\nfuture_key: {a: 1}\nstorages: {}\n")
-    data = ms.load("storage.yaml")
+    _write_raw(ms, "lineage.yaml", "run: r7\nfuture_key: {a: 1}\nbuilds: []\n")
+    data = ms.load("lineage.yaml")
     assert data["run"] == "r7" and data["future_key"] == {"a": 1}
     with ms.transaction() as txn:
-        data = txn.load("storage.yaml")
-        data["storages"]["s"] = {"builder": "aws-s3"}
-        txn.save("storage.yaml", data)
-    assert ms.load("storage.yaml")["future_key"] == {"a": 1}
+        data = txn.load("lineage.yaml")
+        data["builds"].append({"build_id": "ami-1"})
+        txn.save("lineage.yaml", data)
+    assert ms.load("lineage.yaml")["future_key"] == {"a": 1}
 
 
 def test_missing_expected_keys_are_filled(tmp_path):
     ms = _ms(tmp_path)
-    _write_raw(ms, "pins.yaml", "instances: {a: ami-1}\n")
-    assert ms.load("pins.yaml") == {"instances": {"a": "ami-1"}, "pending_replacements": {}, "upgrades": []}
+    _write_raw(ms, "pins.yaml", "instances: {}\n")
+    assert ms.load("pins.yaml") == {"instances": {}, "pending_replacements": {}, "upgrades": []}
 
 
 def test_corrupt_yaml_names_file_and_line(tmp_path):
@@ -216,7 +233,8 @@ def test_serialization_is_deterministic():
     a = {"instances": {"b": {"z": 1, "a": 2}, "a": {"k": [3, 1]}}}
     b = {"instances": {"a": {"k": [3, 1]}, "b": {"a": 2, "z": 1}}}
     assert metastate.dumps(a) == metastate.dumps(b)
-    assert metastate.dumps(a) == HEADER + "instances:\n  a:\n    k:\n    - 3\n    - 1\n  b:\n    a: 2\n    z: 1\n"
+    assert metastate.dumps(a) == (HEADER + "instances:\n  a:\n    k:\n    - 3\n    - 1\n  b:\n    a: 2\n    z: 1\n"
+                                  + metastate.FOOTER)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
@@ -225,7 +243,8 @@ def test_dumps_matches_yaml_safe_dump(name):
     data = metastate.validate(name, SAMPLES[name])
     data["odd"] = {"yes": "no", "on": "2026-11-29", "long": "word " * 40, "u": "caf\u00e9 \u2713",
                    "multi": "line1\nline2\n", "num": "0755", "empty": "", "f": 1.5, "n": None}
-    assert metastate.dumps(data) == HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+    assert metastate.dumps(data) == (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+                                     + metastate.FOOTER)
 
 
 def test_unchanged_save_leaves_bytes_and_mtime(tmp_path):
@@ -518,3 +537,202 @@ def test_launched_instances_joins_launch_params_and_current(tmp_path):
 
 def test_launched_instances_of_missing_tree_is_empty(tmp_path):
     assert launched_instances(_ms(tmp_path)) == {}
+
+
+# ---------------------------------------------------------------------------
+# damaged and contradictory files (issue 16, defect 3): refused by every reader,
+# never overwritten
+# ---------------------------------------------------------------------------
+
+def _save_all(ms, files):
+    with ms.transaction("test") as txn:
+        for name, data in files.items():
+            txn.save(name, data)
+
+
+def test_a_file_cut_short_is_refused_at_every_length(tmp_path):
+    ms = _ms(tmp_path)
+    _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
+    path = Path(ms.path("launch-params.yaml"))
+    whole = path.read_bytes()
+    for size in range(1, len(whole)):
+        path.write_bytes(whole[:size])
+        with pytest.raises(MetaStateError) as err:
+            ms.load("launch-params.yaml")
+        text = str(err.value)
+        assert text.startswith("meta-state/launch-params.yaml: "), (size, text)
+        if size > len(HEADER):
+            assert "is incomplete: it stops at byte %d without its end line" % size in text, (size, text)
+        assert path.read_bytes() == whole[:size]
+    path.write_bytes(whole)
+    assert ms.load("launch-params.yaml") == metastate.validate("launch-params.yaml", SAMPLES["launch-params.yaml"])
+
+
+def test_the_issues_truncation_to_half_is_refused_by_every_reader(tmp_path):
+    """launch-params.yaml cut to half its size: load, the inventory's join, a transaction."""
+    ms = _ms(tmp_path)
+    _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
+    path = Path(ms.path("launch-params.yaml"))
+    half = path.read_bytes()[:len(path.read_bytes()) // 2]
+    path.write_bytes(half)
+    expected = "meta-state/launch-params.yaml: is incomplete: it stops at byte %d" % len(half)
+    for read in (lambda: ms.load("launch-params.yaml"), lambda: launched_instances(ms)):
+        with pytest.raises(MetaStateError, match=re.escape(expected)):
+            read()
+    with pytest.raises(MetaStateError, match=re.escape(expected)):
+        with ms.transaction() as txn:
+            txn.load("launch-params.yaml")
+    assert path.read_bytes() == half
+
+
+def test_a_damaged_file_is_never_overwritten_even_unread(tmp_path):
+    ms = _ms(tmp_path)
+    path = _write_raw(ms, "verifications.yaml", "")
+    with pytest.raises(MetaStateError, match=r"^meta-state/verifications.yaml: is empty \(0 bytes\)"):
+        with ms.transaction() as txn:
+            txn.save("verifications.yaml", {"verifications": [{"instance": "a", "ok": True}]})
+    assert path.read_bytes() == b""
+    _save_all(ms, {"runs.yaml": {"runs": [{"run": "r1"}]}})
+    runs = Path(ms.path("runs.yaml"))
+    cut = runs.read_bytes()[:-5]
+    runs.write_bytes(cut)
+    with pytest.raises(MetaStateError, match=r"^meta-state/runs.yaml: is incomplete"):
+        with ms.transaction() as txn:
+            txn.save("runs.yaml", {"runs": []})
+    assert runs.read_bytes() == cut
+
+
+def test_two_files_glued_together_are_refused(tmp_path):
+    ms = _ms(tmp_path)
+    text = metastate.dumps({"runs": [{"run": "r1"}]})
+    _write_raw(ms, "runs.yaml", text + text)
+    with pytest.raises(MetaStateError, match=r"^meta-state/runs.yaml: holds more than one file's text \(2 header"):
+        ms.load("runs.yaml")
+
+
+def test_legacy_and_hand_written_files_need_no_end_line(tmp_path):
+    ms = _ms(tmp_path)
+    _write_raw(ms, "runs.yaml", metastate.LEGACY_HEADER + "runs:\n- run: r1\n")
+    assert ms.load("runs.yaml")["runs"] == [{"run": "r1"}]
+    _save_all(ms, {"runs.yaml": {"runs": [{"run": "r1"}, {"run": "r2"}]}})
+    text = Path(ms.path("runs.yaml")).read_text(encoding="utf-8")
+    assert text.startswith(HEADER) and text.endswith(metastate.FOOTER)
+
+
+@pytest.mark.parametrize("files,message", [
+    # an open generation without its launch record (the issue's example)
+    ({"instance-state.yaml": SAMPLES["instance-state.yaml"]},
+     "meta-state/instance-state.yaml: 'instances.test2.current' is an open generation (number 1, instance "
+     "i-0abc) but meta-state/launch-params.yaml has no launch record of 'test2'"),
+    ({"instance-state.yaml": SAMPLES["instance-state.yaml"],
+      "launch-params.yaml": {"instances": {"test2": {"launched": False}}}},
+     "meta-state/instance-state.yaml: 'instances.test2.current' is an open generation (number 1, instance "
+     "i-0abc) but meta-state/launch-params.yaml records 'test2' as not launched"),
+    # a pin, or a pending replacement, of an instance without a launch record
+    ({"pins.yaml": {"instances": {"test2": "ami-1"}}},
+     "meta-state/pins.yaml: 'instances.test2' pins an image but meta-state/launch-params.yaml has no launch "
+     "record of 'test2'"),
+    ({"pins.yaml": {"pending_replacements": {"test2": {"to": None}}},
+      "launch-params.yaml": {"instances": {"test2": {"launched": False}}}},
+     "meta-state/pins.yaml: 'pending_replacements.test2' asks to replace an instance "
+     "meta-state/launch-params.yaml does not record as launched"),
+    # the storage records and their read-model
+    ({"storage-state.yaml": {"storages": {}},
+      "storage.yaml": {"storages": {"data": {"current_state": "active"}}}},
+     "meta-state/storage-state.yaml: has no record of storage 'data', but its read-model "
+     "meta-state/storage.yaml lists it (active)"),
+    ({"storage-state.yaml": {"storages": {"data": {"state": "destroyed"}}},
+      "storage.yaml": {"storages": {"data": {"current_state": "active"}}}},
+     "meta-state/storage-state.yaml: 'storages.data.state' is 'destroyed' but its read-model "
+     "meta-state/storage.yaml says 'active'"),
+    ({"storage-state.yaml": {"storages": {"data": {"state": "active"}}},
+      "storage.yaml": {"storages": {}}},
+     "meta-state/storage-state.yaml: 'storages.data' is recorded but missing from its read-model "
+     "meta-state/storage.yaml"),
+])
+def test_files_that_contradict_each_other_are_refused(tmp_path, files, message):
+    ms = _ms(tmp_path)
+    written = {}
+    for name, data in files.items():
+        written[name] = _write_raw(ms, name, metastate.dumps(metastate.validate(name, data)))
+    assert metastate.contradictions({n: (metastate.validate(n, files[n]) if n in files else None)
+                                     for n in metastate.partners(files)}) == [message]
+    subject = message.split(":")[0][len("meta-state/"):]
+    with pytest.raises(MetaStateError) as err:
+        ms.load(subject)
+    assert str(err.value) == message + "; " + metastate.CONTRADICT
+    # a writer is refused too: neither the subject nor anything else is written
+    with pytest.raises(MetaStateError, match=re.escape(message)):
+        with ms.transaction() as txn:
+            txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
+            txn.load(subject)
+    # and a transaction cannot create the contradiction either
+    other = _ms(tmp_path / "other")
+    with pytest.raises(MetaStateError, match=re.escape(message) + ": the files would contradict each other "
+                       "after this change, so nothing was written"):
+        _save_all(other, files)
+    assert not os.path.exists(other.dir) or sorted(os.listdir(other.dir)) == [".lock"]
+    assert {n: p.read_bytes() for n, p in written.items()} == {
+        n: metastate.dumps(metastate.validate(n, d)).encode() for n, d in files.items()}
+    assert not os.path.exists(ms.path("runs.yaml"))
+
+
+@pytest.mark.parametrize("name,data,message", [
+    ("instance-state.yaml", {"instances": {"a": {"generation": {"durable": 1},
+                                                 "current": {"kind": "durable", "number": 2}}}},
+     "meta-state/instance-state.yaml: 'instances.a.current.number' is 2 but 'generation.durable' has only "
+     "reached 1: the record contradicts itself"),
+    ("instance-state.yaml", {"instances": {"a": {"current": {"kind": "durable", "number": 0}}}},
+     "meta-state/instance-state.yaml: 'instances.a.current.number' must be a generation number (1 or more), got 0"),
+    ("instance-state.yaml", {"instances": {"a": {"current": {"kind": "spot", "number": 1}}}},
+     "meta-state/instance-state.yaml: 'instances.a.current.kind' must be durable or ephemeral, got 'spot'"),
+    ("launch-params.yaml", {"instances": {"a": {"launched": "yes"}}},
+     "meta-state/launch-params.yaml: 'instances.a.launched' must be true or false, got string"),
+    ("launch-params.yaml", {"instances": {"a": {"launched": False, "mounts": ["data"]}}},
+     "meta-state/launch-params.yaml: 'instances.a.mounts[0]' must be a mapping, got string"),
+    ("storage-state.yaml", {"storages": {"d": {"state": "active", "generation": 0}}},
+     "meta-state/storage-state.yaml: 'storages.d.generation' must be 1 or more, got 0"),
+])
+def test_records_that_contradict_themselves_are_refused(tmp_path, name, data, message):
+    ms = _ms(tmp_path)
+    _write_raw(ms, name, "# hand-written\n" + json.dumps(data) + "\n")
+    with pytest.raises(MetaStateError) as err:
+        ms.load(name)
+    assert str(err.value).startswith(message)
+
+
+def test_a_reader_between_two_files_of_a_commit_waits_for_it(tmp_path):
+    """A lock-free read can see one file of a commit new and the next still old: the reader
+    looks again under a shared lock, after the commit, instead of refusing."""
+    ms = _ms(tmp_path)
+    _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
+    holder = metastate._Lock(ms.dir, 5, "test writer")
+    holder.acquire()
+    try:
+        # mid-commit: launch-params already forgot test2, instance-state not yet
+        _write_raw(ms, "launch-params.yaml", metastate.dumps({"instances": {}}))
+        got = {}
+        reader = threading.Thread(target=lambda: got.update(data=ms.load("instance-state.yaml")))
+        reader.start()
+        time.sleep(0.5)
+        assert reader.is_alive() and not got  # waiting for the writer
+        _write_raw(ms, "instance-state.yaml", metastate.dumps({"instances": {}}))
+        _write_raw(ms, "pins.yaml", metastate.dumps(metastate.empty("pins.yaml")))
+    finally:
+        holder.release()
+    reader.join(10)
+    assert got["data"] == {"instances": {}}
+
+
+def test_forget_through_the_store_keeps_the_files_consistent(tmp_path):
+    """The writers change the related files together (record.forget_instance_records)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    ms = _ms(tmp_path)
+    _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
+    with ms.transaction() as txn:
+        lp, ist, pins = record.load_instance_records(txn)
+        record.forget_instance_records(lp, ist, pins, "test2", "forgotten", "r9")
+        record.save_instance_records(txn, lp, ist, pins, "r9")
+    assert ms.load("instance-state.yaml")["instances"]["test2"]["current"] is None
+    assert launched_instances(ms) == {}

@@ -35,7 +35,7 @@ def fake(**handlers):
 @pytest.fixture()
 def root(tmp_path):
     dest = str(tmp_path / "tree")
-    copy_as_shipped(EXAMPLES, dest, link_tfmodules=False)
+    copy_as_shipped(EXAMPLES, dest)
     with MetaState(dest).transaction("test") as txn:
         txn.save("storage-state.yaml", {"storages": {"mnt_data": {
             "state": "active", "generation": 1, "history": [],
@@ -120,7 +120,7 @@ def test_import_storage_records_active_with_facts(root):
     rec = ms(root, "storage-state.yaml")["storages"]["mnt_data"]
     assert rec["state"] == "active" and rec["facts"] == {
         "builder": "aws-ebs", "type": "ebs", "volume_id": "vol-0bbbbbbbbbbbbbbbb", "availability_zone": "us-east-2a",
-        "size": 100, "archive": "csis-mnt-data-archive"}
+        "size": 100, "archive": "csis-mnt_data-archive"}
     assert rec["history"][-1]["action"] == "import" and rec["history"][-1]["from"] == "active"
     again = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=vols)
     assert again["changed"] is False and again["written"] == []

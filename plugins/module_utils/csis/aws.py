@@ -8,6 +8,10 @@ reached, and what an error from the endpoint means.
   (``region``, ``profile``, ``endpoints`` {service: url}, ``s3_use_path_style``): the
   ``aws`` entry of a rendered root, :func:`runtime_access` of a runtime, or
   :func:`backend_access` of an S3 state backend. Credentials come from the environment.
+* Every client has bounded connect and read timeouts and a bounded number of attempts
+  (:func:`client_settings`: ``CSIS_AWS_CONNECT_TIMEOUT``, ``CSIS_AWS_READ_TIMEOUT``,
+  ``CSIS_AWS_MAX_ATTEMPTS``; defaults 5 s, 10 s, 3 attempts), so a hung endpoint fails a call
+  in about 35 s at most instead of hanging the run.
 * :class:`Endpoint` holds the clients of one runtime; a transport error makes every later
   call to that endpoint fail fast (:class:`Unreachable`).
 * :func:`error_code`, :func:`is_absent`, :func:`is_transport`, :func:`error_text`:
@@ -24,12 +28,13 @@ import os
 import traceback
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from .errors import MissingDependency
+from .errors import CsisError, MissingDependency
 
 try:
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
     HAS_BOTO3 = True
     BOTO3_IMPORT_ERROR: Optional[str] = None
 except ImportError:
@@ -52,14 +57,55 @@ REFUSED_CODES = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation
 
 ClientFactory = Callable[[str, Mapping[str, Any]], Any]
 
+#: how long one boto3 call may take, and how often it is tried: {setting: (environment variable, default)}.
+#: A hung endpoint fails a call after about max_attempts x read_timeout (plus a few seconds of backoff).
+CLIENT_SETTINGS = {
+    "connect_timeout": ("CSIS_AWS_CONNECT_TIMEOUT", 5.0),
+    "read_timeout": ("CSIS_AWS_READ_TIMEOUT", 10.0),
+    "max_attempts": ("CSIS_AWS_MAX_ATTEMPTS", 3),
+}
+
+
+class ClientSettingsError(CsisError):
+    """A timeout or attempts setting that is not a usable number."""
+
+
+def client_settings(access: Optional[Mapping[str, Any]] = None,
+                    environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """``{connect_timeout, read_timeout (seconds, float), max_attempts (int, the first try included)}``:
+    from ``access`` (keys of the same names), else the environment (:data:`CLIENT_SETTINGS`), else
+    the defaults. Raises :class:`ClientSettingsError` on a value that is not a positive number."""
+    env = os.environ if environ is None else environ
+    out: Dict[str, Any] = {}
+    for key, (var, default) in CLIENT_SETTINGS.items():
+        value: Any = (access or {}).get(key)
+        source = "aws.%s" % key
+        if value is None and env.get(var, "").strip():
+            value, source = env[var].strip(), var
+        if value is None:
+            out[key] = default
+            continue
+        try:
+            number = int(value) if key == "max_attempts" else float(value)
+        except (TypeError, ValueError):
+            number = 0
+        if number <= 0 or isinstance(value, bool):
+            raise ClientSettingsError("%s=%r: must be a positive %s" % (
+                source, value, "whole number of attempts" if key == "max_attempts" else "number of seconds"))
+        out[key] = number
+    return out
+
 
 # --------------------------------------------------------------------------- clients
 def client(service: str, access: Mapping[str, Any]) -> Any:
-    """A boto3 client of ``service`` reached as ``access`` says (see the module docstring)."""
+    """A boto3 client of ``service`` reached as ``access`` says (see the module docstring),
+    with the timeouts and attempts of :func:`client_settings`."""
     if not HAS_BOTO3:
         raise MissingDependency("boto3", BOTO3_IMPORT_ERROR)
+    limits = client_settings(access)
     session = boto3.session.Session(profile_name=access.get("profile") or None, region_name=access.get("region"))
-    cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
+    cfg = Config(connect_timeout=limits["connect_timeout"], read_timeout=limits["read_timeout"],
+                 retries={"total_max_attempts": limits["max_attempts"], "mode": "standard"},
                  s3={"addressing_style": "path"} if access.get("s3_use_path_style") else {})
     return session.client(service, endpoint_url=(access.get("endpoints") or {}).get(service), config=cfg)
 
@@ -125,12 +171,27 @@ def is_transport(exc: BaseException) -> bool:
     return isinstance(exc, (BotoConnectionError, HTTPClientError))
 
 
+def timeout_text(exc: BaseException) -> Optional[str]:
+    """For a connect or read timeout: what waited how long, and the setting to change; else None."""
+    if not HAS_BOTO3 or not isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+        return None
+    limits = client_settings()
+    key = "connect_timeout" if isinstance(exc, ConnectTimeoutError) else "read_timeout"
+    return ("no answer within %g s (%s, %d attempt(s); set %s / %s to wait longer)"
+            % (limits[key], key.replace("_", " "), limits["max_attempts"], CLIENT_SETTINGS[key][0],
+               CLIENT_SETTINGS["max_attempts"][0]))
+
+
 def error_text(exc: BaseException) -> str:
-    """One line naming the error; ``REFUSED (<code>): ...`` when we were not allowed to look."""
+    """One line naming the error; ``REFUSED (<code>): ...`` when we were not allowed to look;
+    for a timeout, how long was waited and how to change it."""
     if isinstance(exc, Unreachable):
         return str(exc)
     code = error_code(exc)
     text = " ".join(str(exc).split())
+    waited = timeout_text(exc)
+    if waited:
+        return "%s: %s" % (text, waited)
     if code in REFUSED_CODES:
         return "REFUSED (%s): %s" % (code, text)
     return text or type(exc).__name__

@@ -74,6 +74,10 @@ def _load_config_mapping(path: str, required: bool) -> Dict[str, Any]:
                                 % (path, str(exc).replace("\n", " ")))
     except OSError as exc:
         raise ApplyCheckRefused("apply-check: cannot read %s (%s); refusing to apply" % (path, exc.strerror))
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # not UTF-8 (UnicodeDecodeError), or a tagged value PyYAML cannot build (`!!int x`)
+        raise ApplyCheckRefused("apply-check: %s cannot be read (%s); refusing to apply"
+                                % (path, str(exc).replace("\n", " ") or type(exc).__name__))
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import aws, terraform
 from ..errors import CsisError
+from .errored import check_errored_state
 
 __all__ = ["StateLockError", "backend_of", "lock_key", "read_lock", "live_holders", "check_and_release",
            "local_who"]
@@ -148,7 +149,11 @@ def _describe(info: Mapping[str, Any]) -> str:
 
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
                       env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """Release a lock whose holder is provably dead; refuse on any other lock. See module doc."""
+    """Release a lock whose holder is provably dead; refuse on any other lock. See module doc.
+
+    A root holding terraform's ``errored.tfstate`` (an apply whose state never reached the
+    backend) is refused first: :func:`.errored.check_errored_state`."""
+    check_errored_state(root, binary)
     backend = backend_of(root)
     result: Dict[str, Any] = {"changed": False, "locked": False, "released": False, "lock": None}
     if backend is None or lock_key(backend) is None:

@@ -89,6 +89,11 @@ def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[st
         problem = getattr(exc, "problem", None) or str(exc)
         problems.append(Problem(rel, "", "YAML syntax error%s: %s" % (pos, problem)))
         return None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # PyYAML's constructors raise these on a tagged value they cannot build
+        # (`!!int x`, `!!timestamp 2024-99-99`) or on nesting too deep to build
+        problems.append(Problem(rel, "", "YAML value that cannot be read: %s" % (str(exc) or type(exc).__name__)))
+        return None
     want = "a mapping with key '%s:'" % top_key if top_key else "a mapping"
     if data is None:
         problems.append(Problem(rel, "", "file is empty (expected %s)" % want))

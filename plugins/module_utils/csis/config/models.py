@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import traceback
+import unicodedata
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 try:
@@ -47,12 +48,12 @@ from .flags import parse_apply_flag
 #: What a name of anything (builder, runtime, instance, storage, group, image, backend,
 #: executable) may look like: it becomes a directory, a terraform label, a hostname
 #: part and a shell word, so nothing that could escape or inject passes.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 #: Mount points go into the launch script and /etc/fstab.
-MOUNT_POINT_RE = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*$")
-BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])$")
+MOUNT_POINT_RE = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*\Z")
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]\Z")
+DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])\Z")
 TAG_KEY_MAX = 128
 TAG_VALUE_MAX = 256
 
@@ -130,9 +131,28 @@ def label(name: str) -> str:
     return out
 
 
+def is_module_url(source: str) -> bool:
+    """Whether a ``module_source_base`` is a module address terraform fetches (not a local path)."""
+    return "://" in source or "::" in source or source.startswith("git@")
+
+
 def archive_snapshot_name(storage: str) -> str:
-    """The Name of an EBS storage's archive snapshot (``csis-<label>-archive``, dashes only)."""
+    """The Name of an EBS storage's archive snapshot: ``csis-<label>-archive``, the manual's
+    name (``csis-mnt_data-archive``). Until 0.1.0 it was :func:`legacy_archive_snapshot_name`;
+    a storage archived then keeps the name recorded in its ``facts.archive``, and the restore
+    and the snapshot deletion use that recorded name."""
+    return "csis-%s-archive" % label(storage)
+
+
+def legacy_archive_snapshot_name(storage: str) -> str:
+    """The archive snapshot name written before 0.1.0 (``csis-mnt-data-archive``: '_' -> '-')."""
     return "csis-%s-archive" % label(storage).replace("_", "-")
+
+
+def bucket_for(storage: Any, builder: Any) -> str:
+    """The bucket of an S3 storage (the manual's one rule): its own ``bucket_name``, else its
+    builder's ``bucket_name`` (the default bucket of the builder's storages), else its name."""
+    return storage.bucket_name or getattr(builder, "bucket_name", None) or storage.name
 
 
 def parse_duration(value: str) -> int:
@@ -145,9 +165,26 @@ def parse_duration(value: str) -> int:
 
 def check_bucket(v: str, what: str) -> str:
     if (not isinstance(v, str) or not BUCKET_RE.match(v) or ".." in v or ".-" in v or "-." in v
-            or re.match(r"^\d+\.\d+\.\d+\.\d+$", v)):
+            or re.match(r"^\d+\.\d+\.\d+\.\d+\Z", v)):
         raise ValueError("%s %s is not a valid S3 bucket name (%s)" % (what, show(v), BUCKET_RULE))
     return v
+
+
+def tag_text_problem(text: str) -> Optional[str]:
+    r"""Why AWS would refuse or alter ``text`` as a tag key or value, or None.
+
+    AWS's tag pattern (S3, EFS: ``[\p{L}\p{Z}\p{N}_.:/=+\-@]``) has no control or format
+    character: S3 and EFS refuse a newline or a tab, and S3-compatible endpoints silently drop
+    it (moto returns a value without its trailing newline, so the plan never converges).
+    Leading or trailing whitespace is trimmed the same way. Other characters outside the
+    pattern (quotes, ``$``, ``{``) are kept by EC2 and refused by S3/EFS at apply, never altered."""
+    bad = sorted({c for c in text if unicodedata.category(c).startswith("C")})
+    if bad:
+        return ("contains the control character(s) %s, which AWS refuses in S3 and EFS tags and S3 endpoints "
+                "drop (the tag would never converge)" % ", ".join(repr(c) for c in bad))
+    if text != text.strip():
+        return "has leading or trailing whitespace, which S3 endpoints trim (the tag would never converge)"
+    return None
 
 
 def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
@@ -158,6 +195,12 @@ def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
             raise ValueError("tag key %r: the 'aws:' prefix is reserved by AWS" % k)
         if len(v) > TAG_VALUE_MAX:
             raise ValueError("tag %r: value longer than %d characters" % (k, TAG_VALUE_MAX))
+        why = tag_text_problem(k)
+        if why:
+            raise ValueError("tag key %r %s" % (k, why))
+        why = tag_text_problem(v)
+        if why:
+            raise ValueError("tag %r: value %r %s" % (k, v, why))
     return tags
 
 
@@ -177,8 +220,22 @@ class ConfigFlags(Strict):
     apply_identity: Optional[Any] = None
     apply_instances: Any = False
     apply_storage: Any = False
-    module_source_base: str = "../tfmodules"
+    #: None: the collection's own terraform modules, vendored into generated/.modules/<version>/
+    module_source_base: Optional[str] = None
     require_released_builds: bool = False
+    #: the version constraint of ``hashicorp/aws`` in roots whose builder declares no
+    #: ``required_plugins`` (null: no constraint, as in the reference manual)
+    aws_provider_version: Optional[str] = ">= 5.0, < 6.0"
+    #: the roots' ``terraform { required_version }`` (null: none, as in the reference manual)
+    terraform_required_version: Optional[str] = ">= 1.5.0"
+
+    @field_validator("aws_provider_version", "terraform_required_version")
+    @classmethod
+    def _constraint(cls, v: Optional[str], info: Any) -> Optional[str]:
+        if v is not None and (not v.strip() or not re.match(r"^[0-9A-Za-z.,<>=!~ -]+\Z", v)):
+            raise ValueError("%s %s is not a terraform version constraint (like '>= 5.0, < 6.0'; null for none)"
+                             % (info.field_name, show(v)))
+        return v
 
     @field_validator("apply_instances", "apply_storage", "apply_identity", mode="before")
     @classmethod
@@ -192,7 +249,9 @@ class ConfigFlags(Strict):
 
     @field_validator("module_source_base")
     @classmethod
-    def _msb(cls, v: str) -> str:
+    def _msb(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
         if not v or any(c in v for c in '"\n\r$%'):
             raise ValueError("module_source_base %r: must be a path or module URL without quotes, '$', '%%' or newlines" % v)
         return v
@@ -257,7 +316,7 @@ class Endpoints(Strict):
     @classmethod
     def _svc(cls, v: Dict[str, str]) -> Dict[str, str]:
         for k, u in v.items():
-            if not re.match(r"^[a-z0-9]+$", k):
+            if not re.match(r"^[a-z0-9]+\Z", k):
                 raise ValueError("service name %r must be a lowercase AWS service key (ec2, s3, efs, sts, ...)" % k)
             _check_url(u)
         return v
@@ -267,7 +326,7 @@ class Endpoints(Strict):
 
 
 def _check_url(v: str) -> None:
-    if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d+)?(/[A-Za-z0-9._~/-]*)?$", v):
+    if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d+)?(/[A-Za-z0-9._~/-]*)?\Z", v):
         raise ValueError("endpoint %r must be an http(s) URL" % v)
 
 
@@ -287,7 +346,7 @@ class Subnet(Strict):
     _az = field_validator("availability_zone")(optional(check_zone))
 
 
-_AWS_ID = re.compile(r"^[a-z]+-[0-9a-f]{8,17}$")
+_AWS_ID = re.compile(r"^[a-z]+-[0-9a-f]{8,17}\Z")
 
 
 def _aws_id(v: str, prefix: str) -> str:
@@ -367,21 +426,21 @@ class RuntimeBuilder(Strict):
     @field_validator("region")
     @classmethod
     def _region(cls, v: str) -> str:
-        if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d$", v):
+        if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d\Z", v):
             raise ValueError("region %r is not an AWS region name (like 'us-east-2')" % v)
         return v
 
     @field_validator("account_id")
     @classmethod
     def _acct(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^\d{12}$", str(v)):
+        if v is not None and not re.match(r"^\d{12}\Z", str(v)):
             raise ValueError("account_id must be 12 digits")
         return v
 
     @field_validator("session_instance_profile", "default_machine_type")
     @classmethod
     def _plain(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[A-Za-z0-9+=,.@_-]{1,128}$", v):
+        if v is not None and not re.match(r"^[A-Za-z0-9+=,.@_-]{1,128}\Z", v):
             raise ValueError("%r must be a plain AWS name" % v)
         return v
 
@@ -424,7 +483,7 @@ class StateBackend(Strict):
         if v is None:
             return v
         parts = v.split("/")
-        if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+$", p) for p in parts if p):
+        if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+\Z", p) for p in parts if p):
             raise ValueError("%r must be a relative path of plain names (no '..', no leading '/')" % v)
         return v.strip("/")
 
@@ -459,7 +518,7 @@ class RequiredPlugin(Strict):
     @field_validator("name")
     @classmethod
     def _n(cls, v: str) -> str:
-        if not re.match(r"^[a-z][a-z0-9_-]*$", v):
+        if not re.match(r"^[a-z][a-z0-9_-]*\Z", v):
             raise ValueError("provider name %r must be a terraform provider local name" % v)
         return v
 
@@ -527,7 +586,7 @@ class InstanceBuilder(_BuilderBase):
 class EbsVariables(Strict):
     volume_type: Optional[Literal["gp2", "gp3", "io1", "io2", "st1", "sc1", "standard"]] = None
     encrypted: Optional[bool] = None
-    tags: Tags = Field(default_factory=dict)
+    tags: CheckedTags = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -540,12 +599,12 @@ class EbsVariables(Strict):
 class EfsVariables(Strict):
     performance_mode: Optional[Literal["generalPurpose", "maxIO"]] = None
     encrypted: Optional[bool] = None
-    tags: Tags = Field(default_factory=dict)
+    tags: CheckedTags = Field(default_factory=dict)
 
 
 class S3Variables(Strict):
     force_destroy: Optional[bool] = None
-    tags: Tags = Field(default_factory=dict)
+    tags: CheckedTags = Field(default_factory=dict)
 
 
 class _StorageBuilderBase(_BuilderBase):
@@ -606,12 +665,30 @@ class StorageBuildersFile(Strict):
     storage_builders: List[StorageBuilder] = Field(default_factory=list)
 
 
+class EnrollmentToken(Strict):
+    """Where a group builder's enrollment token lives: an SSM parameter (a SecureString) the
+    identity root reads and publishes as the sensitive output ``sft_enrollment_token``.
+    Only the parameter's name is configuration; the token never is."""
+    ssm_parameter: str
+
+    @field_validator("ssm_parameter")
+    @classmethod
+    def _param(cls, v: str) -> str:
+        if not re.match(r"^/?[A-Za-z0-9_.\-/]{1,1011}\Z", v) or "//" in v:
+            # the value is not echoed: a token pasted here by mistake must not reach a log
+            raise ValueError("ssm_parameter is not an SSM parameter name (letters, digits, '_.-/'): name the parameter "
+                             "that holds the token, never the token itself")
+        return v
+
+
 class GroupBuilder(_BuilderBase):
     """An identity builder: owns groups and publishes their gids from its own root."""
     type: Literal["tf-identity"]
     executable: Optional[str] = "tofu"
     state_configuration: str = "default"
     required_plugins: List[RequiredPlugin] = Field(default_factory=list)
+    #: the group builder's token reference (the manual's enrollment token source)
+    enrollment_token: Optional[EnrollmentToken] = None
 
 
 class GroupBuildersFile(Strict):
@@ -652,18 +729,25 @@ class Image(Strict):
     storage_types: List[Literal["ebs", "efs", "s3"]] = Field(default_factory=list)
     runtimes: List[str] = Field(default_factory=list)
     tests: ImageTests = Field(default_factory=ImageTests)
-    tags: Tags = Field(default_factory=dict)
+    tags: CheckedTags = Field(default_factory=dict)
+    #: the released builds of this image (AMI ids): what ``config.require_released_builds`` admits
+    released_builds: List[str] = Field(default_factory=list)
 
     _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "image name")))
 
     @field_validator("name_pattern")
     @classmethod
     def _np(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[A-Za-z0-9_.()\[\]/ -]{1,120}$", v):
+        if v is not None and not re.match(r"^[A-Za-z0-9_.()\[\]/ -]{1,120}\Z", v):
             raise ValueError("name_pattern %r: use the AMI name prefix (letters, digits, '_.-()[]/ ')" % v)
         return v
 
     _ami = field_validator("ami_id")(optional(_aws_id, "ami"))
+
+    @field_validator("released_builds")
+    @classmethod
+    def _released(cls, v: List[str]) -> List[str]:
+        return [_aws_id(x, "ami") for x in v]
 
 
 class ImagesFile(Strict):
@@ -729,7 +813,7 @@ class Storage(Strict):
     @classmethod
     def _cfg(cls, v: Dict[str, Any]) -> Dict[str, Any]:
         fsid = v.get("file_system_id")
-        if fsid is not None and not re.match(r"^fs-[0-9a-f]{8,17}$", str(fsid)):
+        if fsid is not None and not re.match(r"^fs-[0-9a-f]{8,17}\Z", str(fsid)):
             raise ValueError("config.file_system_id %r is not an EFS filesystem id (fs-...)" % (fsid,))
         return v
 
@@ -806,7 +890,7 @@ class Instance(Strict):
     @field_validator("machine_type")
     @classmethod
     def _mt(cls, v: str) -> str:
-        if v and not re.match(r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", v):
+        if v and not re.match(r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+\Z", v):
             raise ValueError("machine_type %r is not an EC2 instance type (like 't3.medium')" % v)
         return v
 

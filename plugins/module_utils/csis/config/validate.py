@@ -230,10 +230,13 @@ class Validation:
             b = t.storage_builder_for(st)
             if b is None or b.type != "tf-aws-s3":
                 continue
-            bucket = st.bucket_name or st.name
+            bucket = m.bucket_for(st, b)
             if bucket in owners:
+                whence = "" if st.bucket_name else (
+                    " (its builder '%s''s default bucket_name; declare the storage's own bucket_name)" % b.name)
                 self.add("storage", st.name, "bucket_name",
-                         "bucket '%s' is already the bucket of storage '%s': each S3 storage needs its own bucket" % (bucket, owners[bucket]))
+                         "bucket '%s'%s is already the bucket of storage '%s': each S3 storage needs its own bucket"
+                         % (bucket, whence, owners[bucket]))
             owners[bucket] = st.name
         # apply flags that list names: each must name a builder or a runtime
         known = set(t.runtimes) | set(t.instance_builders) | set(t.storage_builders) | set(t.group_builders)
@@ -512,6 +515,76 @@ class Validation:
                          "storage '%s' allows groups %s, whose gids come from the identity root's remote state, but config.use_state_backends is off in %s"
                          % (st.name, _names(st.groups), where))
 
+    def module_sources(self) -> None:
+        """A local ``module_source_base`` must hold the modules the roots call (terraform init
+        would fail with ``lstat ...: no such file or directory``). Unset: the collection's own
+        modules, vendored by csis_render; a module URL is fetched by init."""
+        t = self.t
+        base = t.config.module_source_base
+        if base is None or not self.config_known("module_source_base") or m.is_module_url(base):
+            return
+        where = t.config_source.get("module_source_base", "cfg/_config.yml")
+        target = os.path.normpath(base if os.path.isabs(base) else os.path.join(t.root, base))
+        used = {m.STORAGE_KINDS.get(b.type, {}).get("module") for b in t.storage_builders.values()}
+        used.update(["aws_instance"] if t.instance_builders else [])
+        used.update(["identity_groups"] if t.group_builders else [])
+        if not os.path.isdir(target):
+            self.problems.append(Problem(where, "config.module_source_base",
+                                         "'%s' is not a directory%s: terraform could not load the modules %s from it; "
+                                         "remove the key to use the collection's own modules"
+                                         % (base, "" if os.path.isabs(base) else " (relative to the configuration root)", _names(x for x in used if x))))
+            return
+        for module in sorted(x for x in used if x):
+            if not os.path.isdir(os.path.join(target, module)):
+                self.problems.append(Problem(where, "config.module_source_base",
+                                             "'%s' has no module '%s' (a directory %s/%s)" % (base, module, base.rstrip("/"), module)))
+
+    def released_builds(self) -> None:
+        """``config.require_released_builds``: an instance's pin (and the build a pending upgrade
+        moves it to) must be one of its image's ``released_builds``, unless the release grace
+        admits it: the build is the image's series head (its declared ``ami_id``; validation is
+        offline) and no failed verification of that build is recorded (the instance stands on the
+        build it is pinned to, or is a pending replacement onto the build checked)."""
+        if not self.t.config.require_released_builds or self.meta.get("pins.yaml") is None:
+            return
+        pins = self.meta.get("pins.yaml") or {}
+        pinned = pins.get("instances") or {}
+        pending = pins.get("pending_replacements") or {}
+        failed: Dict[str, Any] = {}
+        for v in (self.meta.get("verifications.yaml") or {}).get("verifications") or []:
+            if isinstance(v, dict) and v.get("build") and v.get("ok") is False:
+                failed.setdefault(v["build"], v)
+        for name, inst in sorted(self.t.instances.items()):
+            img = self.t.image_of(inst)
+            if img is None:
+                continue
+            builds = []
+            pin = pinned.get(name)
+            if isinstance(pin, str) and pin:
+                builds.append((pin, True))
+            entry = pending.get(name)
+            to = entry.get("to") if isinstance(entry, dict) else entry
+            if isinstance(to, str) and to and to != pin:
+                builds.append((to, False))
+            for build, is_pin in builds:
+                if build in img.released_builds:
+                    continue
+                missing = []
+                if not img.ami_id:
+                    missing.append("'%s' declares no series head (ami_id)" % img.name)
+                elif build != img.ami_id:
+                    missing.append("it is not the series head %s of '%s'" % (img.ami_id, img.name))
+                if build in failed:
+                    missing.append("a failed verification of it is recorded (instance %s, run %s)"
+                                   % (failed[build].get("instance"), failed[build].get("run")))
+                if not missing:
+                    continue  # the release grace: the series head while its own proof is under way
+                what = "pinned to build %s" % build if is_pin else "being upgraded to build %s" % build
+                self.add("instance", name, "image",
+                         "instance '%s' is %s of '%s', which is not a released build "
+                         "(config.require_released_builds; no grace: %s); release it (the image's released_builds) "
+                         "or upgrade the instance onto a released build" % (name, what, img.name, "; ".join(missing)))
+
     def immutability(self) -> None:
         """N26: a launched instance's launch parameters, computed now, match the recorded ones
         (instances whose builder, image or storages do not resolve are left to the rules above)."""
@@ -559,8 +632,10 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.policies()
     v.zones()
     v.remote_state_needs()
+    v.module_sources()
     v.executables(run_version or terraform_version)
     v.immutability()
+    v.released_builds()
     for rule in extra:
         rule(v)
     # one message once

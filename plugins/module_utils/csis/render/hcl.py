@@ -43,13 +43,19 @@ def string(value: str) -> str:
             out.append(c + c + "{")
             i += 2
             continue
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append("\\u%04x" % ord(c))
+        elif not c.isprintable():
+            # what `terraform fmt` writes for a block label (hclwrite: every rune that Go's
+            # unicode.IsPrint refuses: controls, format characters, separators but ' ')
+            out.append(_escape(c))
         else:
             out.append(c)
         i += 1
     out.append('"')
     return "".join(out)
+
+
+def _escape(c: str) -> str:
+    return "\\u%04x" % ord(c) if ord(c) < 0x10000 else "\\U%08x" % ord(c)
 
 
 def template_literal(text: str) -> str:
@@ -60,8 +66,13 @@ def template_literal(text: str) -> str:
 def key(k: str) -> str:
     """An object key: bare when it is an identifier, quoted otherwise.
 
-    ``for`` is always quoted: ``{ for = ...`` would parse as a ``for`` expression."""
-    return k if _IDENT.match(k) and k != "for" else string(k)
+    ``for`` is always quoted: ``{ for = ...`` would parse as a ``for`` expression.
+    A quoted key spells every non-ASCII character as an escape: ``terraform fmt`` aligns
+    the ``=`` of a run by grapheme clusters (a combining accent, a ZWJ emoji sequence or a
+    flag is one), which the code-point count of :func:`_attrs` cannot follow."""
+    if _IDENT.fullmatch(k) and k != "for":  # fullmatch: "$" alone also matches before a final newline
+        return k
+    return "".join(_escape(c) if ord(c) > 0x7E else c for c in string(k))
 
 
 def value(v: Any, indent: int = 0) -> str:

@@ -2,7 +2,10 @@
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
 """The identity roots: one per group builder, publishing the gid of every group it owns
-(``group_gids``, read by the storage and instance roots through remote state)."""
+(``group_gids``, read by the storage and instance roots through remote state) and, when the
+builder names one (``enrollment_token.ssm_parameter``), its enrollment token
+(``sft_enrollment_token``, a sensitive output read from SSM at plan time: only the
+parameter's name is ever written into the root)."""
 from __future__ import annotations
 
 from typing import List
@@ -33,7 +36,21 @@ class IdentityRoots(RootPlanner):
             outp = Block("output", "group_gids")
             outp.attr("description", "gid of every group this identity builder owns")
             outp.attr("value", Raw("module.identity.group_gids"))
-            files = {main: document(HEADER, self.terraform_block(gb, backend, needs_aws=False), mod, outp)}
+            blocks = [HEADER, self.terraform_block(gb, backend, needs_aws=gb.enrollment_token is not None)]
+            if gb.enrollment_token is not None:
+                blocks.append(self.provider_block(gb))
+            blocks += [mod, outp]
+            if gb.enrollment_token is not None:
+                tok = Block("data", "aws_ssm_parameter", "enrollment_token")
+                tok.attr("provider", Raw("aws.%s" % m.label(gb.name)))
+                tok.attr("name", gb.enrollment_token.ssm_parameter)
+                tok.attr("with_decryption", True)
+                touts = Block("output", "sft_enrollment_token")
+                touts.attr("description", "the enrollment token of this builder's groups (the instance roots' token reference)")
+                touts.attr("value", Raw("data.aws_ssm_parameter.enrollment_token.value"))
+                touts.attr("sensitive", True)
+                blocks += [tok, touts]
+            files = {main: document(*blocks)}
             bf, btxt = self.backend_file(backend, m.label(gb.name), d, "%s-%s.tfbackend.hcl" % (gb.name, phase))
             if bf:
                 files[bf] = btxt

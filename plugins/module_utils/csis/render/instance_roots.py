@@ -149,7 +149,15 @@ class InstanceRoots(RootPlanner):
                     efs[st.name] = {"file_system_id": Raw(ref + ".file_system_id"), "access_point_id": Raw(ap)}
             tvars["ebs"] = ebs
             tvars["efs"] = efs
-            tvars["enrollment_token_b64"] = Raw("base64encode(var.sft_enrollment_token)")
+            gb = self.group_builder_of(group) if group else None
+            if gb is not None and gb.enrollment_token is not None:
+                # the manual's token reference: TF_VAR_sft_enrollment_token overrides the group
+                # builder's token, read through remote state (never written into a file)
+                tvars["enrollment_token_b64"] = Raw(
+                    'base64encode(var.sft_enrollment_token != "" ? var.sft_enrollment_token : '
+                    'data.terraform_remote_state.%s.outputs.sft_enrollment_token)' % m.label(gb.name))
+            else:
+                tvars["enrollment_token_b64"] = Raw("base64encode(var.sft_enrollment_token)")
             tpl = "user-data-%s.sh.tftpl" % lab
             mod.attr("user_data", Raw("templatefile(\"${path.module}/%s\", %s)" % (tpl, value(tvars, 1))))
             if ebs:

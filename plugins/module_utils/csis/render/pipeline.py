@@ -14,7 +14,7 @@ from ..errors import ConfigError, Problem
 from ..terraform import env_overrides
 from .plan import LIFECYCLES, RenderOptions, RootPlan
 from .roots import plan_roots
-from .writer import compare, prepare_roots, write_root
+from .writer import compare, prepare_roots, vendor_modules, write_root
 
 GENERATED_GITIGNORE = """# written by csis.infra: run output, never commit
 .terraform/
@@ -61,6 +61,12 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         if res.changed and not check_mode:
             write_root(directory, files)
         results.append((p, res))
+    # Without module_source_base the roots call the collection's own modules, vendored into
+    # generated/.modules/<version>/ (before prepare: init reads them). An explicit base wins.
+    modules: Optional[Dict[str, Any]] = None
+    if plans and tree.config.module_source_base is None:
+        modules = vendor_modules(tree.root, check_mode=check_mode)
+        changed = changed or modules["changed"]
     gi = os.path.join(tree.root, "generated", ".gitignore")
     if plans and not check_mode and not os.path.exists(gi):
         os.makedirs(os.path.dirname(gi), exist_ok=True)
@@ -84,4 +90,5 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         "tf_env": env_overrides(),
         "warnings": [w for p in plans for w in p.warnings],
         "undeclared": list(tree.undeclared),
+        "modules": modules,
     }

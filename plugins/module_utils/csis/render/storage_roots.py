@@ -51,9 +51,9 @@ class StorageRoots(RootPlanner):
             info = {"builder": sb.name, "type": kind["capability"], "requested_state": st.state, "current_state": cur,
                     "label": lab, "address": "module.storage_%s" % lab}
             if kind["capability"] == "s3":
-                info["bucket_name"] = st.bucket_name or st.name
+                info["bucket_name"] = m.bucket_for(st, sb)
             if kind["archive"]:
-                info["archive_snapshot"] = m.archive_snapshot_name(st.name)
+                info["archive_snapshot"] = archive_name(st.name, records.get(st.name))
             plan.storages[st.name] = info
             if live:
                 if kind["posix"] and st.groups and kind["capability"] == "efs":
@@ -62,7 +62,8 @@ class StorageRoots(RootPlanner):
                         if gb is not None:
                             identity_ws[gb.name] = gb
                 restore = cur == "archived"
-                args = self.storage_args(sb, st, restore=restore)
+                args = self.storage_args(sb, st, restore=restore,
+                                         snapshot_name=info.get("archive_snapshot") if restore else None)
                 mod = Block("module", "storage_%s" % lab)
                 mod.attr("source", self.module_source(d, kind["module"]))
                 mod.attr("providers", Raw("{\n    aws = aws.%s\n  }" % m.label(sb.name)))
@@ -98,7 +99,7 @@ class StorageRoots(RootPlanner):
             if kind["capability"] == "s3":
                 info["bucket_name"] = facts.get("bucket_name") or name
             if kind["archive"]:
-                info["archive_snapshot"] = m.archive_snapshot_name(name)
+                info["archive_snapshot"] = archive_name(name, rec)
             plan.storages[name] = info
             self._leave(plan, name, rec.get("state"), "destroyed", kind, info)
         main = "%s-%s.tf" % (sb.name, phase)
@@ -135,7 +136,8 @@ class StorageRoots(RootPlanner):
                                                 "address": addr})
             plan.allow_destroy.append(addr)
 
-    def storage_args(self, sb: Any, st: m.Storage, restore: bool = False) -> List[Tuple[str, Any]]:
+    def storage_args(self, sb: Any, st: m.Storage, restore: bool = False,
+                     snapshot_name: Optional[str] = None) -> List[Tuple[str, Any]]:
         rt = self.t.builder_runtime(sb)
         net = rt.networking
         args: List[Tuple[str, Any]] = []
@@ -146,7 +148,7 @@ class StorageRoots(RootPlanner):
             args.append(("name", st.name))
             args.append(("size", sb.size))
             if restore:
-                args.append(("snapshot_name", m.archive_snapshot_name(st.name)))
+                args.append(("snapshot_name", snapshot_name or m.archive_snapshot_name(st.name)))
                 args.append(("snapshot_tags", dict({"csis_storage": st.name}, **self.t.resource_tag())))
             zone = st.availability_zone or net.default_availability_zone
             if zone:
@@ -179,7 +181,7 @@ class StorageRoots(RootPlanner):
                          ("client_security_group_ids", list(net.addl_security_groups))]
         elif sb.type == "tf-aws-s3":
             args += [(k, declared[k]) for k in ("force_destroy",) if k in declared]
-            args.append(("bucket_name", st.bucket_name or st.name))
+            args.append(("bucket_name", m.bucket_for(st, sb)))
             lc = st.lifecycle
             if lc:
                 args.append(("lifecycle_rules", [{
@@ -191,6 +193,17 @@ class StorageRoots(RootPlanner):
                 args.append(("public_read", True))
         args.append(("tags", tags))
         return args
+
+
+def archive_name(storage: str, record: Any) -> str:
+    """The archive snapshot of ``storage``: while it is recorded ``archived``, the name its record
+    holds (``facts.archive``: a storage archived before 0.1.0 keeps its snapshot
+    ``csis-mnt-data-archive``, restored and deleted by that name); else ``csis-<label>-archive``."""
+    if isinstance(record, dict) and record.get("state") == "archived":
+        recorded = (record.get("facts") or {}).get("archive")
+        if isinstance(recorded, str) and recorded:
+            return recorded
+    return m.archive_snapshot_name(storage)
 
 
 def efs_creation_token(tree_tag: str, storage: str) -> str:

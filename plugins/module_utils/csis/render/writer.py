@@ -25,6 +25,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .. import terraform
 from ..errors import CsisError
 from ..fsutil import fsync_dir
+from . import bundled_modules
+from .plan import VENDORED_MODULES
 
 MANIFEST = ".csis-manifest.json"
 
@@ -135,6 +137,65 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def _tree_differs(directory: str, files: Mapping[str, str]) -> bool:
+    """Whether ``directory`` holds other than exactly ``files`` (relative paths with ``/``)."""
+    if not os.path.isdir(directory):
+        return True
+    present = set()
+    for base, dirs, names in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        present.update(os.path.relpath(os.path.join(base, n), directory).replace(os.sep, "/") for n in names)
+    return present != set(files) or any(_read(os.path.join(directory, *rel.split("/"))) != text for rel, text in files.items())
+
+
+def write_tree(directory: str, files: Mapping[str, str], check_mode: bool = False) -> bool:
+    """Make ``directory`` hold exactly ``files`` (``"<sub>/<name>"`` -> text); return whether it
+    changed. Written only when it differs, staged in a sibling and swapped in with renames:
+    a reader (terraform init in another root) sees the old tree or the new one, never a mix."""
+    if not _tree_differs(directory, files):
+        return False
+    if check_mode:
+        return True
+    parent = os.path.dirname(directory.rstrip("/"))
+    base = os.path.basename(directory.rstrip("/"))
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix="." + base + ".new-", dir=parent)
+    old = tempfile.mkdtemp(prefix="." + base + ".old-", dir=parent)
+    try:
+        for rel, text in files.items():
+            path = os.path.join(stage, *rel.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        for sub in sorted({os.path.dirname(os.path.join(stage, *rel.split("/"))) for rel in files}):
+            fsync_dir(sub)
+        if os.path.isdir(directory):
+            os.replace(directory, os.path.join(old, base))
+        try:
+            os.replace(stage, directory)
+        except OSError:
+            # another render put its copy in place meanwhile: keep it when it is the same
+            if _tree_differs(directory, files):
+                raise
+        fsync_dir(parent)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
+def vendor_modules(config_root: str, check_mode: bool = False) -> Dict[str, Any]:
+    """Put the collection's terraform modules (:mod:`.bundled_modules`) into the tree's
+    ``generated/.modules/<version>/``, where roots rendered without ``module_source_base``
+    call them by relative paths. Rewritten only when they differ; other versions are kept
+    (roots of another lifecycle may still call them until re-rendered)."""
+    directory = os.path.join(config_root, VENDORED_MODULES)
+    changed = write_tree(directory, bundled_modules.FILES, check_mode=check_mode)
+    return {"directory": directory, "version": bundled_modules.VERSION, "changed": changed}
 
 
 STAMP = os.path.join(".terraform", "csis-prepared.json")

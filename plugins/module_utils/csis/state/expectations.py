@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
-from ..config.models import archive_snapshot_name
+from ..config.models import archive_snapshot_name, bucket_for
 
 STORAGE_TYPES = ("ebs", "efs", "s3")
 
@@ -44,7 +44,7 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
             lifecycle = dict(st.lifecycle)
         bucket = None
         if stype == "s3":
-            bucket = facts.get("bucket_name") or (st.bucket_name if st is not None else None) or name
+            bucket = facts.get("bucket_name") or (bucket_for(st, builder) if st is not None else None) or name
         out_st[name] = {
             "name": name, "declared": st is not None, "declared_state": st.state if st is not None else None,
             "recorded_state": (rec or {}).get("state"), "type": stype,

@@ -18,6 +18,15 @@ This module is the one place meta-state is read and written.
   nothing is written.
 * Every file is validated on load and on save against its known shape
   (:data:`FILES`); errors raise :class:`MetaStateError` naming the file.
+* A damaged file is refused, never read as "no records" nor overwritten: an existing file
+  that is empty or holds only comments, or one csis.infra wrote (:data:`HEADER`) that lacks
+  its end line (:data:`FOOTER`: it was cut short). Files whose records contradict each
+  other (:data:`INVARIANTS`: an open generation without a launch record, a pin of an
+  instance that is not launched, ``storage-state.yaml`` and its read-model disagreeing) are
+  refused by :meth:`MetaState.load` of the invariant's subject file and by any transaction
+  that would write such a contradiction. A lock-free reader that sees a contradiction looks
+  again under a shared lock (a commit replaces its files one after the other) before it
+  refuses.
 * ``save`` refuses secret-shaped data (AWS access keys, session tokens, private keys,
   non-empty values under ``*secret*``/``*password*``/``*token*`` keys).
 * Values are plain data: mappings with string keys, lists, strings, ints, floats,
@@ -45,7 +54,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ..errors import CsisError
 from ..fsutil import fsync_dir, write_atomic
@@ -53,6 +62,7 @@ from ..yamlio import meta_dumper, meta_loader, yaml
 
 __all__ = [
     "FILES",
+    "FOOTER",
     "HEADER",
     "LOCK_NAME",
     "META_STATE_DIR",
@@ -60,17 +70,27 @@ __all__ = [
     "MetaState",
     "MetaStateError",
     "Transaction",
+    "contradictions",
     "dumps",
     "empty",
     "find_secrets",
     "launched_instances",
+    "partners",
     "validate",
 ]
 
 META_STATE_DIR = "meta-state"
 LOCK_NAME = ".lock"
-HEADER = ("# csis.infra meta-state: written by csis.infra; do not edit by hand "
-          "(use the forget/state import playbooks)\n")
+HEADER = ("# csis.infra meta-state: written by csis.infra, whole files only (the last line marks the end); "
+          "do not edit by hand (use the forget/state import playbooks)\n")
+#: the last line of every file csis.infra writes: a file with :data:`HEADER` and without it was cut short
+FOOTER = "# end of csis.infra meta-state\n"
+#: the first line of files written before the end line existed (read without one)
+LEGACY_HEADER = ("# csis.infra meta-state: written by csis.infra; do not edit by hand "
+                 "(use the forget/state import playbooks)\n")
+#: what every refusal of a damaged or contradictory file adds: nothing is guessed or rebuilt
+DAMAGED = ("nothing is read from it or written to it until it is restored (from a backup or version "
+           "control) or corrected by hand")
 STORAGE_STATES = ("active", "archived", "destroyed")
 
 
@@ -161,10 +181,40 @@ def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
             for kind in ("durable", "ephemeral"):
                 if kind in gen:
                     _expect_int(name, "'%s.generation.%s'" % (where, kind), gen[kind])
-        if entry.get("current") is not None:
-            _expect_mapping(name, "'%s.current'" % where, entry["current"])
+        cur = entry.get("current")
+        if cur is not None:
+            _expect_mapping(name, "'%s.current'" % where, cur)
+            _check_open_generation(name, where, cur, gen)
         if "history" in entry:
             _expect_list(name, "'%s.history'" % where, entry["history"])
+
+
+def _check_open_generation(name: str, where: str, cur: Dict[str, Any], gen: Any) -> None:
+    """An open generation: its kind, and a number its kind's counter has reached."""
+    kind, number = cur.get("kind"), cur.get("number")
+    if kind is not None and kind not in ("durable", "ephemeral"):
+        raise _fail(name, "'%s.current.kind'" % where, "must be durable or ephemeral, got %r" % (kind,))
+    if number is None:
+        return
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        raise _fail(name, "'%s.current.number'" % where, "must be a generation number (1 or more), got %r" % (number,))
+    counter = gen.get(kind) if isinstance(gen, dict) and kind else None
+    if counter is not None and number > counter:
+        raise _fail(name, "'%s.current.number'" % where, "is %d but 'generation.%s' has only reached %d: the "
+                    "record contradicts itself; %s" % (number, kind, counter, DAMAGED))
+
+
+def _validate_launch_params(name: str, instances: Dict[str, Any]) -> None:
+    for _key, where, entry in _entries(name, "instances", instances):
+        if "launched" in entry and not isinstance(entry["launched"], bool):
+            raise _fail(name, "'%s.launched'" % where, "must be true or false, got %s" % _kind(entry["launched"]))
+        for key in ("hostname", "build", "launched_run"):
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                raise _fail(name, "'%s.%s'" % (where, key), "must be a string, got %s" % _kind(entry[key]))
+        if entry.get("mounts") is not None:
+            _expect_list(name, "'%s.mounts'" % where, entry["mounts"])
+            for index, mount in enumerate(entry["mounts"]):
+                _expect_mapping(name, "'%s.mounts[%d]'" % (where, index), mount)
 
 
 def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
@@ -175,6 +225,8 @@ def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
                         % ("|".join(STORAGE_STATES), state))
         if "generation" in entry:
             _expect_int(name, "'%s.generation'" % where, entry["generation"])
+            if entry["generation"] < 1:
+                raise _fail(name, "'%s.generation'" % where, "must be 1 or more, got %d" % entry["generation"])
         if "facts" in entry:
             _expect_mapping(name, "'%s.facts'" % where, entry["facts"])
         if "history" in entry:
@@ -196,7 +248,7 @@ def _validate_name_map(name: str, top: str, value: Dict[str, Any]) -> None:
 
 
 _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
-    "launch-params.yaml": lambda n, d: _validate_name_map(n, "instances", d["instances"]),
+    "launch-params.yaml": lambda n, d: _validate_launch_params(n, d["instances"]),
     "instance-state.yaml": lambda n, d: _validate_instance_state(n, d["instances"]),
     "pins.yaml": _validate_pins,
     "storage-state.yaml": lambda n, d: _validate_storage_state(n, d["storages"]),
@@ -227,6 +279,121 @@ def validate(name: str, data: Any) -> Dict[str, Any]:
     if deep is not None:
         deep(name, out)
     return out
+
+
+# ---------------------------------------------------------------------------
+# cross-file invariants
+# ---------------------------------------------------------------------------
+
+#: what every refusal of files that contradict each other adds
+CONTRADICT = ("the files contradict each other (one was cut short, replaced by an older copy or edited); "
+              "nothing is read from them or written to them until they are restored from the same backup "
+              "(or version control) or corrected by hand")
+
+
+def _summary(name: str, data: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """What the cross-file invariants need of a file (``data`` None: the file does not exist)."""
+    if data is None:
+        return {"present": False}
+    out: Dict[str, Any] = {"present": True}
+    if name == "launch-params.yaml":
+        out["records"] = set(data["instances"])
+        out["launched"] = {n for n, r in data["instances"].items() if r.get("launched") is True}
+    elif name == "instance-state.yaml":
+        out["open"] = {n: (e["current"].get("number"), e["current"].get("instance_id"))
+                       for n, e in data["instances"].items() if e.get("current")}
+    elif name == "pins.yaml":
+        out["pinned"] = set(data["instances"])
+        out["pending"] = set(data["pending_replacements"])
+    elif name == "storage-state.yaml":
+        out["states"] = {n: r.get("state") for n, r in data["storages"].items()}
+    elif name == "storage.yaml":
+        out["states"] = {n: r.get("current_state") for n, r in data["storages"].items()}
+    return out
+
+
+def _open_generations_are_launched(s: Mapping[str, Dict[str, Any]]) -> List[str]:
+    lp, ist = s["launch-params.yaml"], s["instance-state.yaml"]
+    out = []
+    for inst, (number, iid) in sorted((ist.get("open") or {}).items()):
+        if inst in (lp.get("launched") or ()):
+            continue
+        what = ("records '%s' as not launched" % inst if inst in (lp.get("records") or ())
+                else "has no launch record of '%s'" % inst)
+        out.append("%s: 'instances.%s.current' is an open generation (number %s, instance %s) but %s %s"
+                   % (_label("instance-state.yaml"), inst, number, iid or "unknown",
+                      _label("launch-params.yaml"), what))
+    return out
+
+
+def _pins_are_launched(s: Mapping[str, Dict[str, Any]]) -> List[str]:
+    lp, pins = s["launch-params.yaml"], s["pins.yaml"]
+    out = ["%s: 'instances.%s' pins an image but %s has no launch record of '%s'"
+           % (_label("pins.yaml"), inst, _label("launch-params.yaml"), inst)
+           for inst in sorted((pins.get("pinned") or set()) - (lp.get("records") or set()))]
+    out += ["%s: 'pending_replacements.%s' asks to replace an instance %s does not record as launched"
+            % (_label("pins.yaml"), inst, _label("launch-params.yaml"))
+            for inst in sorted((pins.get("pending") or set()) - (lp.get("launched") or set()))]
+    return out
+
+
+def _read_model_matches(s: Mapping[str, Dict[str, Any]]) -> List[str]:
+    records, model = s["storage-state.yaml"], s["storage.yaml"]
+    if not model.get("present"):
+        return []  # never written yet: nothing to compare
+    states, listed = records.get("states") or {}, model.get("states") or {}
+    out = []
+    for st, cur in sorted(listed.items()):
+        if st not in states:
+            out.append("%s: has no record of storage '%s', but its read-model %s lists it (%s)"
+                       % (_label("storage-state.yaml"), st, _label("storage.yaml"), cur))
+        elif states[st] != cur:
+            out.append("%s: 'storages.%s.state' is %r but its read-model %s says %r"
+                       % (_label("storage-state.yaml"), st, states[st], _label("storage.yaml"), cur))
+    out += ["%s: 'storages.%s' is recorded but missing from its read-model %s"
+            % (_label("storage-state.yaml"), st, _label("storage.yaml"))
+            for st in sorted(set(states) - set(listed))]
+    return out
+
+
+#: (the files an invariant relates, the subject first, the check returning one message per
+#: contradiction, each naming the subject first): :meth:`MetaState.load` of the subject runs it
+INVARIANTS: Tuple[Tuple[Tuple[str, ...], Callable[[Mapping[str, Dict[str, Any]]], List[str]]], ...] = (
+    (("instance-state.yaml", "launch-params.yaml"), _open_generations_are_launched),
+    (("pins.yaml", "launch-params.yaml"), _pins_are_launched),
+    (("storage-state.yaml", "storage.yaml"), _read_model_matches),
+)
+
+
+def _related(files: Tuple[str, ...], wanted: Iterable[str], subject_only: bool) -> bool:
+    return bool(set(wanted) & ({files[0]} if subject_only else set(files)))
+
+
+def partners(names: Iterable[str], subject_only: bool = False) -> List[str]:
+    """The files the invariants relate to any of ``names`` (``names`` included), sorted;
+    ``subject_only``: only the invariants whose subject is one of ``names``."""
+    out = set(names)
+    for files, _check in INVARIANTS:
+        if _related(files, names, subject_only):
+            out.update(files)
+    return sorted(out)
+
+
+def _contradictions(summaries: Mapping[str, Dict[str, Any]], involving: Iterable[str],
+                    subject_only: bool = False) -> List[str]:
+    wanted = list(involving)
+    out: List[str] = []
+    for files, check in INVARIANTS:
+        if _related(files, wanted, subject_only):
+            out += check(summaries)
+    return out
+
+
+def contradictions(files: Mapping[str, Optional[Mapping[str, Any]]]) -> List[str]:
+    """The contradictions between meta-state files given as ``{name: validated data or None (missing)}``
+    (a related file not given counts as missing, see :func:`partners`); one message each."""
+    summaries = {name: _summary(name, files.get(name)) for name in partners(files)}
+    return _contradictions(summaries, files)
 
 
 # ---------------------------------------------------------------------------
@@ -318,9 +485,22 @@ def _plain(name: str, where: str, value: Any) -> Any:
 
 
 def dumps(data: Mapping[str, Any]) -> str:
-    """The deterministic text of a meta-state file (header line + sorted YAML; the same options
-    as ``yaml.safe_dump(data, sort_keys=True, default_flow_style=False)``)."""
-    return HEADER + yaml.dump(data, Dumper=meta_dumper(), sort_keys=True, default_flow_style=False)
+    """The deterministic text of a meta-state file (header line + sorted YAML + end line; the same
+    options as ``yaml.safe_dump(data, sort_keys=True, default_flow_style=False)``)."""
+    return HEADER + yaml.dump(data, Dumper=meta_dumper(), sort_keys=True, default_flow_style=False) + FOOTER
+
+
+def _whole(name: str, text: str, size: int) -> None:
+    """Refuse a file csis.infra wrote (:data:`HEADER`) that lacks its end line, or has two."""
+    if not text.startswith(HEADER):
+        return  # written before the end line existed (LEGACY_HEADER), or by hand: parsed as it is
+    if not text.endswith(FOOTER):
+        raise MetaStateError("%s: is incomplete: it stops at byte %d without its end line %r, so it was cut "
+                             "short (a crash, a full disk, a partial copy); %s"
+                             % (_label(name), size, FOOTER.strip(), DAMAGED))
+    if text.count(FOOTER) != 1 or text.count(HEADER) != 1:
+        raise MetaStateError("%s: holds more than one file's text (%d header and %d end lines); %s"
+                             % (_label(name), text.count(HEADER), text.count(FOOTER), DAMAGED))
 
 
 def _parse(name: str, text: str) -> Any:
@@ -333,6 +513,10 @@ def _parse(name: str, text: str) -> Any:
         raise MetaStateError("%s: YAML syntax error%s: %s" % (_label(name), line, problem)) from exc
     except yaml.YAMLError as exc:
         raise MetaStateError("%s: YAML error: %s" % (_label(name), exc)) from exc
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # PyYAML's constructors raise these on a tagged value they cannot build (`!!int x`)
+        raise MetaStateError("%s: YAML value that cannot be read: %s; %s"
+                             % (_label(name), str(exc) or type(exc).__name__, DAMAGED)) from exc
 
 
 # ---------------------------------------------------------------------------
@@ -427,6 +611,11 @@ class _Lock:
 # files
 # ---------------------------------------------------------------------------
 
+def _signature(st: os.stat_result) -> Tuple[int, int, int, int, int]:
+    """What changes whenever a file is replaced (atomic rename: a new inode) or rewritten."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 _fsync_dir = fsync_dir
 _write_atomic = write_atomic
 
@@ -446,6 +635,9 @@ class MetaState:
         self.config_root = os.path.abspath(os.path.expanduser(str(config_root)))
         self.dir = os.path.join(self.config_root, META_STATE_DIR)
         self.lock_timeout = float(lock_timeout)
+        # name -> (file signature, what the invariants need of it): a file is parsed once per
+        # object as long as it is not replaced; the records returned are always read afresh
+        self._summaries: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
 
     def path(self, name: str) -> str:
         """Absolute path of meta-state file ``name`` (which must be a known file)."""
@@ -453,28 +645,114 @@ class MetaState:
         return os.path.join(self.dir, name)
 
     def _read_bytes(self, name: str) -> Optional[bytes]:
+        return self._read(name)[0]
+
+    def _read(self, name: str) -> Tuple[Optional[bytes], Any]:
+        """(the bytes of file ``name`` or None when it does not exist, its signature)."""
         try:
             with open(self.path(name), "rb") as handle:
-                return handle.read()
+                raw = handle.read()
+                return raw, _signature(os.fstat(handle.fileno()))
         except FileNotFoundError:
-            return None
+            return None, None
         except IsADirectoryError as exc:
             raise MetaStateError("%s: is a directory, not a file" % _label(name)) from exc
         except OSError as exc:
             raise MetaStateError("%s: cannot read: %s" % (_label(name), exc.strerror or exc)) from exc
 
     def _decode(self, name: str, raw: Optional[bytes]) -> Dict[str, Any]:
-        if raw is None or not raw.strip():
+        """The validated records of one file's bytes (None: a missing file, the empty shape)."""
+        if raw is None:
             return empty(name)
+        if not raw.strip():
+            raise MetaStateError("%s: is empty (%d bytes), but csis.infra never writes an empty meta-state "
+                                 "file: it was truncated or emptied; %s (or removed, if this tree really "
+                                 "has no such records)" % (_label(name), len(raw), DAMAGED))
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise MetaStateError("%s: not UTF-8 text (byte %d)" % (_label(name), exc.start)) from exc
-        return validate(name, _parse(name, text))
+        _whole(name, text, len(raw))
+        doc = _parse(name, text)
+        if doc is None:
+            raise MetaStateError("%s: holds no records, only comments, but csis.infra never writes such a "
+                                 "file: it was truncated or emptied; %s (or removed, if this tree really "
+                                 "has no such records)" % (_label(name), DAMAGED))
+        return validate(name, doc)
+
+    def _load_one(self, name: str) -> Tuple[Dict[str, Any], Optional[bytes]]:
+        raw, sig = self._read(name)
+        data = self._decode(name, raw)
+        self._summaries[name] = (sig, _summary(name, data if raw is not None else None))
+        return data, raw
+
+    def _summary_of(self, name: str, fresh: bool = False) -> Dict[str, Any]:
+        if not fresh:
+            try:
+                sig = _signature(os.stat(self.path(name)))
+            except FileNotFoundError:
+                sig = None
+            except OSError:
+                sig = False  # unknown: read it (and report why it cannot be read)
+            cached = self._summaries.get(name)
+            if cached is not None and sig is not False and cached[0] == sig:
+                return cached[1]
+        self._load_one(name)
+        return self._summaries[name][1]
+
+    def _contradiction(self, name: str, fresh: bool = False) -> List[str]:
+        summaries = {other: (self._summaries[name][1] if other == name else self._summary_of(other, fresh))
+                     for other in partners([name], subject_only=True)}
+        return _contradictions(summaries, [name], subject_only=True)
+
+    @contextlib.contextmanager
+    def _readers_lock(self) -> Iterator[None]:
+        """A shared ``flock`` on the lock file: no transaction commits while it is held (a
+        lock-free read can fall between two files of one commit). Best effort: a tree whose
+        lock file cannot be opened or locked (read-only, another thread's transaction) is
+        read as it is."""
+        fd: Optional[int] = None
+        if self.dir not in _held_set():
+            try:
+                fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                fd = None
+        try:
+            if fd is not None:
+                deadline = time.monotonic() + min(self.lock_timeout, 30.0)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                        break
+                    except OSError as exc:
+                        if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
+                                or time.monotonic() >= deadline:
+                            break
+                    time.sleep(0.05)
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def load_checked(self, name: str) -> Tuple[Dict[str, Any], Optional[bytes]]:
+        """(the records of ``name``, the bytes they were read from): :meth:`load` for the transaction."""
+        data, raw = self._load_one(name)
+        if self._contradiction(name):
+            # a commit may have replaced one file and not yet the other: look again while none runs
+            with self._readers_lock():
+                data, raw = self._load_one(name)
+                found = self._contradiction(name, fresh=True)
+            if found:
+                raise MetaStateError("%s; %s" % (found[0], CONTRADICT))
+        return data, raw
 
     def load(self, name: str) -> Dict[str, Any]:
-        """Read, validate and return file ``name`` (a fresh object; missing/empty -> empty shape)."""
-        return self._decode(name, self._read_bytes(name))
+        """Read, validate and return file ``name`` (a fresh object; a missing file -> empty shape).
+
+        Raises :class:`MetaStateError` naming the file when it is not whole (empty, cut short,
+        not YAML, the wrong shape) or contradicts the files it relates to (:data:`INVARIANTS`).
+        """
+        return self.load_checked(name)[0]
 
     def exists(self, name: str) -> bool:
         return os.path.isfile(self.path(name))
@@ -514,6 +792,7 @@ class Transaction:
     def __init__(self, ms: MetaState) -> None:
         self._ms = ms
         self._pending: Dict[str, Tuple[Dict[str, Any], bytes]] = {}
+        self._seen: Dict[str, Optional[bytes]] = {}
         self._open = True
         self.written: List[str] = []
 
@@ -526,7 +805,9 @@ class Transaction:
         _check_name(name)
         if name in self._pending:
             return copy.deepcopy(self._pending[name][0])
-        return self._ms.load(name)
+        data, raw = self._ms.load_checked(name)
+        self._seen[name] = raw
+        return data
 
     def save(self, name: str, data: Mapping[str, Any]) -> None:
         """Validate, scan and stage ``data`` as the new content of ``name``.
@@ -549,8 +830,22 @@ class Transaction:
         """Write every staged file whose bytes changed; return the names written."""
         self._open = False
         written: List[str] = []
+        currents: Dict[str, Optional[bytes]] = {}
+        for name in self._pending:
+            # a file replaced here must be whole now: a damaged file is never overwritten silently
+            current = currents[name] = self._ms._read_bytes(name)
+            if name not in self._seen or self._seen[name] != current:
+                self._ms._decode(name, current)
+        # under the lock: a file read in this transaction (same signature) is not parsed again
+        view = {name: (_summary(name, self._pending[name][0]) if name in self._pending
+                       else self._ms._summary_of(name))
+                for name in partners(self._pending)}
+        found = _contradictions(view, self._pending)
+        if found:
+            raise MetaStateError("%s: the files would contradict each other after this change, so nothing "
+                                 "was written" % found[0])
         for name, (data, payload) in self._pending.items():
-            current = self._ms._read_bytes(name)
+            current = currents[name]
             if current == payload:
                 continue
             if current is None and data == empty(name):
