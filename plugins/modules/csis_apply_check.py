@@ -10,8 +10,6 @@ DOCUMENTATION = r'''
 module: csis_apply_check
 short_description: Re-read the apply flags at execution time and refuse an apply they do not allow now
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - Run just before an apply. Reads C(cfg/_config.yml) and each overlay's C(config:) mapping as
     they are now (plain YAML, no model; overlays in order, later wins) and fails unless the
@@ -28,12 +26,11 @@ description:
     C(apply_<lc> is <value> NOW in <file> for root '<B>' -- not applying.) where C(<file>) is the
     file the effective value came from (the overlay when an overlay set it).
 extends_documentation_fragment:
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
+  - csis.infra.controller.read_only
   - csis.infra.attributes.action_group
 options:
   lifecycle:
-    description: The lifecycle whose flag decides.
+    description: The lifecycle whose apply flag decides (V(instances) is another name for V(instance-image)).
     type: str
     required: true
     choices: [identity, storage, instance-image, instances]
@@ -72,11 +69,7 @@ seealso:
     description: Binds the plan file to the root's content.
 attributes:
   check_mode:
-    support: full
     details: No side effects; check mode runs the same check.
-  diff_mode:
-    support: N/A
-    details: This action does not modify state.
 '''
 
 EXAMPLES = r'''
@@ -119,33 +112,22 @@ files_read:
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.applycheck import check_apply
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import run_module
+
+
+def _check(module, p):
+    return dict(check_apply(p['lifecycle'], root=p['root'], root_alias=p['root_alias'], overlays=p['overlays'],
+                            apply_runtime=p['apply_runtime'], config_root=p['config_root'], search_from=p['search_from']),
+                changed=False)
 
 
 def main():
-    module = csis_module(
-        argument_spec=dict(
-            lifecycle=dict(type='str', required=True, choices=['identity', 'storage', 'instance-image', 'instances']),
-            config_root=dict(type='path'),
-            search_from=dict(type='path'),
-            root=dict(type='str'),
-            root_alias=dict(type='list', elements='str', default=[]),
-            overlays=dict(type='list', elements='path', default=[]),
-            apply_runtime=dict(type='str'),
-        ),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        result = check_apply(p['lifecycle'], root=p['root'], root_alias=p['root_alias'],
-                             overlays=p['overlays'], apply_runtime=p['apply_runtime'],
-                             config_root=p['config_root'], search_from=p['search_from'])
-    except CsisError as exc:
-        fail_from(module, exc, changed=False, allowed=False)
-    result['changed'] = False
-    module.exit_json(**result)
+    run_module(_check, dict(
+        lifecycle=dict(type='str', required=True, choices=['identity', 'storage', 'instance-image', 'instances']),
+        config_root=dict(type='path'), search_from=dict(type='path'), root=dict(type='str'),
+        root_alias=dict(type='list', elements='str', default=[]), overlays=dict(type='list', elements='path', default=[]),
+        apply_runtime=dict(type='str'),
+    ), requires=("PyYAML",), failure=dict(changed=False, allowed=False), supports_check_mode=True)
 
 
 if __name__ == '__main__':

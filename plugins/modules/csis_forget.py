@@ -17,16 +17,9 @@ description:
   - Looks the recorded resource up first, by its recorded id, and refuses to forget something that still exists at
     the endpoint, or whose existence cannot be checked (endpoint down, permission refused), unless I(confirm) is true.
   - Terraform state is not touched.
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - pydantic >= 2.7 (the configuration models)
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.tree
+  - csis.infra.aws.boto3
 options:
   instance:
     description: The instance to forget. Exactly one of I(instance) and I(storage).
@@ -43,10 +36,7 @@ options:
     type: str
 attributes:
   check_mode:
-    support: full
     details: Reports what it would forget; writes nothing.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
@@ -63,28 +53,21 @@ result:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, run_module
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import forget_instance, forget_storage
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ARGS, instance=dict(type="str"), storage=dict(type="str"),
-                                    confirm=dict(type="bool", default=False), run=dict(type="str")),
-        requires=("PyYAML", "pydantic"),
-        required_one_of=[("instance", "storage")],
-        mutually_exclusive=[("instance", "storage")],
-        supports_check_mode=True,
-    )
-    p = module.params
+def _forget(module, p):
     fn, name = (forget_instance, p["instance"]) if p["instance"] else (forget_storage, p["storage"])
-    try:
-        res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"],
-                 check=module.check_mode)
-    except CsisError as exc:
-        fail_from(module, exc)
-    module.exit_json(changed=bool(res["written"]) or module.check_mode, result=res)
+    res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"], check=module.check_mode)
+    return dict(changed=bool(res["written"]) or module.check_mode, result=res)
+
+
+def main():
+    run_module(_forget, argument_spec(CONFIG_ARGS, instance=dict(type="str"), storage=dict(type="str"),
+                                      confirm=dict(type="bool", default=False), run=dict(type="str")),
+               requires=("PyYAML", "pydantic"), required_one_of=[("instance", "storage")],
+               mutually_exclusive=[("instance", "storage")], supports_check_mode=True)
 
 
 if __name__ == "__main__":

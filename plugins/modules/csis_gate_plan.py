@@ -10,8 +10,6 @@ DOCUMENTATION = r'''
 module: csis_gate_plan
 short_description: Refuse a terraform plan that destroys what nobody sanctioned, or that is stale
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - Reads a saved plan as JSON (C(<binary_path> show -json <plan_file>) run in O(project_path)
     with the collection's terraform CLI configuration) and classifies every resource change.
@@ -34,8 +32,7 @@ description:
     binding, for O(csis.infra.csis_plan_binding#module:state=verified) to check just before
     the apply. A refusal clears any earlier gate record.
 extends_documentation_fragment:
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
+  - csis.infra.controller
 options:
   project_path:
     description:
@@ -65,6 +62,17 @@ options:
     type: list
     elements: str
     default: []
+  refuse_create:
+    description:
+      - >-
+        Addresses of resources that must never be created (the volume, filesystem or bucket of
+        each storage meta-state records as existing, from M(csis.infra.csis_storage_check)).
+        A plan that creates one (not a replacement, which is a destroy) is refused with
+        C(RECORDED STORAGE WOULD BE CREATED: <address>: ...). An entry covers itself and its
+        indexed instances (V(<address>[0])).
+    type: list
+    elements: str
+    default: []
   require_unmounted:
     description:
       - V(<instance>:<storage>) pairs that must have a successful unmount receipt
@@ -91,8 +99,6 @@ seealso:
   - module: csis.infra.csis_apply_check
     description: Re-reads the apply flags just before the apply.
 attributes:
-  check_mode:
-    support: full
   diff_mode:
     support: full
     details: Shows the classified changes of the plan.
@@ -200,6 +206,7 @@ def main():
             binary_path=dict(type='str', default='terraform'),
             allow_destroy=dict(type='list', elements='str', default=[]),
             require_unmounted=dict(type='list', elements='str', default=[]),
+            refuse_create=dict(type='list', elements='str', default=[]),
             receipts_dir=dict(type='path'),
             receipts_since_binding=dict(type='bool', default=True),
         ),
@@ -214,7 +221,7 @@ def main():
             p['project_path'], p['plan_file'], plan_json=p['plan_json'], binary_path=p['binary_path'],
             allow_destroy=p['allow_destroy'], require_unmounted=p['require_unmounted'],
             receipts_dir=p['receipts_dir'], receipts_since_binding=p['receipts_since_binding'],
-            check_mode=module.check_mode,
+            refuse_create=p['refuse_create'], check_mode=module.check_mode,
         )
     except GateRefused as exc:
         found = dict(exc.result, changed=False, violations=exc.messages)

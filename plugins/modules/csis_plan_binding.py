@@ -10,8 +10,6 @@ DOCUMENTATION = r'''
 module: csis_plan_binding
 short_description: Bind a terraform plan file to the content of the root it was planned from
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - Keeps C(<plan_file>.csis-binding.json) next to the plan file, so that only a plan made from
     the root as it is now, and passed by M(csis.infra.csis_gate_plan), can be applied.
@@ -28,8 +26,7 @@ description:
     unless the plan file exists, the gate passed it, its bytes are the ones the gate read, and
     the root's files are the ones recorded at the opening (the changed files are named).
 extends_documentation_fragment:
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
+  - csis.infra.controller
 options:
   project_path:
     description: The terraform root.
@@ -55,10 +52,7 @@ seealso:
     description: Refuses unsanctioned destroys and stale plans.
 attributes:
   check_mode:
-    support: full
     details: V(opened) writes and removes nothing and reports what it would do.
-  diff_mode:
-    support: none
 '''
 
 EXAMPLES = r'''

@@ -18,17 +18,9 @@ description:
     (first binds, moves after a replacement, forgets after a decommission or an ephemeral teardown).
   - Every write is atomic and taken under the meta-state lock.
   - Run it only after an apply that happened (the C(csis.infra.tofu_root) role does).
-author:
-  - csis.infra maintainers (@csis-infra)
 extends_documentation_fragment:
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.config_root
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
   root:
     description: One entry of the C(roots) list that M(csis.infra.csis_render) returned.
     type: dict
@@ -42,16 +34,19 @@ options:
     type: list
     elements: dict
     default: []
+  applied:
+    description:
+      - What this run applied to the root (for example its plan summary); omitted when nothing was applied.
+      - When meta-state cannot take the record, the failure names it, with what terraform state holds, and says
+        that a re-run records it.
+    type: str
 attributes:
   check_mode:
-    support: full
     details: In check mode nothing is read or written.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
-- name: Record what the apply did
+- name: Record in meta-state what the apply of the root did
   csis.infra.csis_record:
     config_root: "{{ csis_root }}"
     root: "{{ csis_root_item }}"
@@ -74,31 +69,21 @@ instances:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_root
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(
-            CONFIG_ROOT_ARGS,
-            root=dict(type="dict", required=True),
-            run_id=dict(type="str", required=True),
-            done_transitions=dict(type="list", elements="dict", default=[]),
-        ),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
+def _record(module, p):
     if module.check_mode:
-        module.exit_json(changed=False, msg="check mode: nothing recorded")
-    p = module.params
-    try:
-        out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"])
-    except CsisError as exc:
-        fail_from(module, exc)
-    changed = bool(out.get("written"))
-    module.exit_json(changed=changed, **out)
+        return dict(changed=False, msg="check mode: nothing recorded")
+    out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"], applied=p["applied"])
+    return dict(out, changed=bool(out.get("written")))
+
+
+def main():
+    run_module(_record, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True), run_id=dict(type="str", required=True),
+                                      done_transitions=dict(type="list", elements="dict", default=[]), applied=dict(type="str")),
+               requires=("PyYAML",), supports_check_mode=True)
 
 
 if __name__ == "__main__":

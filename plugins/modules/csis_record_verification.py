@@ -9,8 +9,6 @@ DOCUMENTATION = r"""
 module: csis_record_verification
 short_description: Check an instance's booted AMI from EC2 and record its verification verdict
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - Runs on the controller after M(csis.infra.csis_verify_instance) ran on the machine.
     Reads the machine's booted AMI from EC2 by the instance id recorded in
@@ -22,22 +20,9 @@ description:
   - >-
     Does not fail on a failed verdict unless O(fail_on_failure); the verdict's C(message)
     is the manual's C(instance <name> failed verification: <check>: <detail>).
-requirements:
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.aws
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.instance
 options:
-  config_root:
-    description: The configuration root.
-    type: path
-    required: true
-  instance:
-    description: The instance name.
-    type: str
-    required: true
   on_machine:
     description: The result of M(csis.infra.csis_verify_instance) (its C(checks) and C(evidence)).
     type: dict
@@ -74,10 +59,7 @@ options:
     default: false
 attributes:
   check_mode:
-    support: full
     details: Reads EC2; records nothing.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
@@ -107,42 +89,21 @@ message:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import (
+    AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, argument_spec, fail_from, run_module)
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_verification
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import booted_image_check, combine, failure_message
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(
-            CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS,
-            instance=dict(type="str", required=True),
-            on_machine=dict(type="dict"),
-            error=dict(type="str"),
-            runtime=dict(type="str"),
-            expected_build=dict(type="str"),
-            name_pattern=dict(type="str"),
-            check_booted_image=dict(type="bool", default=True),
-            ephemeral=dict(type="bool", default=False),
-            run_id=dict(type="str"),
-            record=dict(type="bool", default=True),
-            fail_on_failure=dict(type="bool", default=False),
-        ),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _verify(module, p):
     ms = MetaState(p["config_root"])
-    try:
-        cur = ((ms.load("instance-state.yaml").get("instances") or {}).get(p["instance"]) or {}).get("current") or {}
-        pin = (ms.load("pins.yaml").get("instances") or {}).get(p["instance"])
-        expected = p["expected_build"] or pin
-        booted = None
-        if p["check_booted_image"]:
-            booted = booted_image_check(p["aws"], cur.get("instance_id"), expected, p["name_pattern"])
-    except CsisError as exc:
-        fail_from(module, exc)
+    cur = ((ms.load("instance-state.yaml").get("instances") or {}).get(p["instance"]) or {}).get("current") or {}
+    pin = (ms.load("pins.yaml").get("instances") or {}).get(p["instance"])
+    expected = p["expected_build"] or pin
+    booted = None
+    if p["check_booted_image"]:
+        booted = booted_image_check(p["aws"], cur.get("instance_id"), expected, p["name_pattern"])
     verdict = combine(p["instance"], p["on_machine"], booted, runtime=p["runtime"],
                       build=expected or (booted or {}).get("booted"), run=p["run_id"], ephemeral=p["ephemeral"],
                       error=p["error"])
@@ -155,7 +116,16 @@ def main():
     message = "" if verdict["ok"] else failure_message(verdict)
     if p["fail_on_failure"] and not verdict["ok"]:
         module.fail_json(msg=message, verdict=verdict, ok=False, message=message, written=written)
-    module.exit_json(changed=bool(written), verdict=verdict, ok=verdict["ok"], message=message, written=written)
+    return dict(changed=bool(written), verdict=verdict, ok=verdict["ok"], message=message, written=written)
+
+
+def main():
+    run_module(_verify, argument_spec(
+        CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS, INSTANCE_ARGS, on_machine=dict(type="dict"),
+        error=dict(type="str"), runtime=dict(type="str"), expected_build=dict(type="str"), name_pattern=dict(type="str"),
+        check_booted_image=dict(type="bool", default=True), ephemeral=dict(type="bool", default=False),
+        run_id=dict(type="str"), record=dict(type="bool", default=True), fail_on_failure=dict(type="bool", default=False),
+    ), requires=("PyYAML",), supports_check_mode=True)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,9 @@ description:
     C(init -reconfigure -backend-config=<backend file>) otherwise.
   - Returns, per root, what the playbooks need to plan, gate and apply it.
   - Writes no meta-state; recording happens only after an apply (M(csis.infra.csis_record)).
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - pydantic >= 2.7 (the configuration models)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.tree
+  - csis.infra.config.undeclare
 options:
   lifecycle:
     description: The lifecycles to render, in order.
@@ -53,11 +47,6 @@ options:
       - Narrow which roots may apply to the roots of this runtime (never turns on an apply flag
         that C(cfg/_config.yml) has off). Implies I(only_runtime).
     type: str
-  undeclare:
-    description: Instance names treated as removed for this run (a decommission).
-    type: list
-    elements: str
-    default: []
   prepare:
     description: Run fmt/init/validate in each root after writing it.
     type: bool
@@ -76,7 +65,6 @@ options:
     default: {}
 attributes:
   check_mode:
-    support: full
     details: Validates and reports which roots and files would change; writes nothing and runs no terraform init.
   diff_mode:
     support: full

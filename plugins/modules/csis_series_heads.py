@@ -9,8 +9,6 @@ DOCUMENTATION = r"""
 module: csis_series_heads
 short_description: Resolve the series heads of the images that follow instances run
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - For every image a C(image_policy=follow) instance runs (and the images of O(instances),
     e.g. an explicit upgrade), the newest self-owned AMI whose name starts with the image's
@@ -19,32 +17,16 @@ description:
   - A network call, so it is its own step of the C(csis.infra.render) role; the result is
     passed to M(csis.infra.csis_render) as C(series_heads). Validation never calls it.
   - Makes no call when no instance follows and O(instances) is empty.
-requirements:
-  - pydantic >= 2.7 (the configuration models)
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.tree_read_only
+  - csis.infra.config.undeclare
+  - csis.infra.aws.boto3
 options:
-  undeclare:
-    description: Instances treated as undeclared for the run.
-    type: list
-    elements: str
-    default: []
   instances:
     description: Also resolve the heads of these instances' images (whatever their policy).
     type: list
     elements: str
     default: []
-attributes:
-  check_mode:
-    support: full
-    details: Read-only.
-  diff_mode:
-    support: N/A
-    details: This action does not modify state.
 """
 
 EXAMPLES = r"""

@@ -17,16 +17,9 @@ description:
     wrong shape, an id already recorded for another storage, and an id the endpoint does not know or cannot be
     asked about.
   - Writes through a meta-state transaction; terraform state is not touched.
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - pydantic >= 2.7 (the configuration models)
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.tree
+  - csis.infra.aws.boto3
 options:
   storage:
     description: The declared storage to record.
@@ -41,10 +34,7 @@ options:
     type: str
 attributes:
   check_mode:
-    support: full
     details: Checks the resource and reports what it would record; writes nothing.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
@@ -62,25 +52,20 @@ result:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, run_module
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import import_storage
 
 
+def _import(module, p):
+    res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
+                         check=module.check_mode)
+    return dict(changed=res["changed"], result=res)
+
+
 def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
-                                    storage_id=dict(type="str", required=True), run=dict(type="str")),
-        requires=("PyYAML", "pydantic"),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
-                             check=module.check_mode)
-    except CsisError as exc:
-        fail_from(module, exc)
-    module.exit_json(changed=res["changed"], result=res)
+    run_module(_import, argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
+                                      storage_id=dict(type="str", required=True), run=dict(type="str")),
+               requires=("PyYAML", "pydantic"), supports_check_mode=True)
 
 
 if __name__ == "__main__":

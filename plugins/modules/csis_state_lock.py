@@ -10,8 +10,6 @@ DOCUMENTATION = r'''
 module: csis_state_lock
 short_description: Release an S3 state lock left by a killed run on this machine; refuse any other lock
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - For an initialised root whose backend is C(s3) with C(use_lockfile), reads the lock object
     C(<key>.tflock) from the state bucket.
@@ -23,11 +21,9 @@ description:
     and the module reports C(changed).
   - Any other lock (a live local run, another machine or user) fails with the lock's holder, time,
     operation and ID, and the C(force-unlock) command to use once that run is known to be gone.
-requirements:
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
+  - csis.infra.controller
+  - csis.infra.aws.boto3
 options:
   project_path:
     description: The terraform root (after C(init)).
@@ -46,10 +42,7 @@ notes:
   - In check mode nothing is released; a stale lock is reported as a change that would be made.
 attributes:
   check_mode:
-    support: full
     details: Nothing is released; a stale lock is reported as a change that would be made.
-  diff_mode:
-    support: none
 '''
 
 EXAMPLES = r'''
@@ -75,35 +68,27 @@ lock:
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import StateLockError, check_and_release
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import run_module
+
+
+def _release(module, p):
+    if module.check_mode:
+        try:
+            return check_and_release(p['project_path'], p['binary_path'], release=False)
+        except StateLockError as exc:
+            if "holder on this machine is gone" in str(exc):
+                return dict(changed=True, locked=True, released=False, lock=None, msg=str(exc))
+            raise
+    result = check_and_release(p['project_path'], p['binary_path'], release=p['release'])
+    if result.get("released"):
+        module.warn(result["msg"])
+    return result
 
 
 def main():
-    module = csis_module(
-        argument_spec=dict(
-            project_path=dict(type='path', required=True),
-            binary_path=dict(type='str', default='terraform'),
-            release=dict(type='bool', default=True),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        if module.check_mode:
-            try:
-                result = check_and_release(p['project_path'], p['binary_path'], release=False)
-            except StateLockError as exc:
-                if "holder on this machine is gone" in str(exc):
-                    module.exit_json(changed=True, locked=True, released=False, lock=None, msg=str(exc))
-                raise
-        else:
-            result = check_and_release(p['project_path'], p['binary_path'], release=p['release'])
-    except CsisError as exc:
-        fail_from(module, exc, changed=False)
-    if result.get("released"):
-        module.warn(result["msg"])
-    module.exit_json(**result)
+    run_module(_release, dict(project_path=dict(type='path', required=True), binary_path=dict(type='str', default='terraform'),
+                              release=dict(type='bool', default=True)),
+               failure=dict(changed=False), supports_check_mode=True)
 
 
 if __name__ == '__main__':

@@ -20,26 +20,16 @@ description:
   - While the report holds a HARD line every real lifecycle run refuses to start (the first task of the
     C(csis.infra.render) role); correct the record with the forget or state import playbooks, then query again.
   - Reads meta-state only; never writes it. Credentials come from the environment (or the runtime's profile).
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - pydantic >= 2.7 (the configuration models)
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.tree
+  - csis.infra.aws.boto3
 options:
   run:
     description: The run id named in the report (default a UTC timestamp).
     type: str
 attributes:
   check_mode:
-    support: full
     details: In check mode the lookups run and the lines are returned, but the report is not written.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

@@ -18,13 +18,9 @@ description:
   - The C(csis.infra.tofu_root) role runs these only after the gate passed and
     M(csis.infra.csis_apply_check) allowed the apply in the same run.
   - Uses boto3 with the root's runtime (region, profile, endpoints); credentials come from the environment.
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
+  - csis.infra.controller
+  - csis.infra.aws.boto3
 options:
   root:
     description: The root (an entry of M(csis.infra.csis_render)'s C(roots)).
@@ -36,10 +32,7 @@ options:
     required: true
 attributes:
   check_mode:
-    support: full
     details: Reports what it would do; touches nothing.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
@@ -57,26 +50,19 @@ result:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import run_transition
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import run_module
+
+
+def _transition(module, p):
+    if module.check_mode:
+        return dict(changed=p["transition"].get("action") != "record", result={"would": p["transition"]})
+    res = run_transition(p["root"], p["transition"])
+    return dict(changed=not res.get("noop") and not res.get("absent"), result=res)
 
 
 def main():
-    module = csis_module(
-        argument_spec=dict(
-            root=dict(type="dict", required=True),
-            transition=dict(type="dict", required=True),
-        ),
-        supports_check_mode=True,
-    )
-    t = module.params["transition"]
-    if module.check_mode:
-        module.exit_json(changed=t.get("action") != "record", result={"would": t})
-    try:
-        res = run_transition(module.params["root"], t)
-    except CsisError as exc:
-        fail_from(module, exc)
-    module.exit_json(changed=not res.get("noop") and not res.get("absent"), result=res)
+    run_module(_transition, dict(root=dict(type="dict", required=True), transition=dict(type="dict", required=True)),
+               supports_check_mode=True)
 
 
 if __name__ == "__main__":

@@ -14,23 +14,9 @@ description:
     C(csis_config) tag, the EFS filesystems with their access points and mount targets, and the buckets
     meta-state records as active with their lifecycle rules and tags.
   - Read-only. Credentials come from the environment (or the runtime's profile).
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - pydantic >= 2.7 (the configuration models)
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
-attributes:
-  check_mode:
-    support: full
-    details: Read-only.
-  diff_mode:
-    support: N/A
-    details: This action does not modify state.
+  - csis.infra.controller.tree_read_only
+  - csis.infra.aws.boto3
 """
 
 EXAMPLES = r"""

@@ -9,8 +9,6 @@ DOCUMENTATION = r"""
 module: csis_unmount
 short_description: Unmount a detached storage from a launched instance and write the unmount receipt
 version_added: 0.1.0
-author:
-  - csis.infra maintainers (@csis-infra)
 description:
   - Runs the unmount of O(mount_point) on the machine over the runtime's session mechanism
     (SSM C(AWS-RunShellScript) through boto3, with the runtime's region, profile and endpoint),
@@ -25,22 +23,9 @@ description:
     C(time) after the plan binding was opened.
   - With O(confirm) the operator's word is recorded (C(method=operator-confirmation)) without
     any remote call, for a machine that is gone or a storage that was never mounted.
-requirements:
-  - boto3 >= 1.34 (the AWS calls)
 extends_documentation_fragment:
-  - csis.infra.aws
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
+  - csis.infra.controller.instance
 options:
-  config_root:
-    description: The configuration root (its meta-state holds the instance id).
-    type: path
-    required: true
-  instance:
-    description: The instance name.
-    type: str
-    required: true
   storage:
     description: The storage name.
     type: str
@@ -76,10 +61,7 @@ options:
     type: str
 attributes:
   check_mode:
-    support: full
     details: Reports what it would do; runs nothing remotely and writes no receipt.
-  diff_mode:
-    support: none
 notes:
   - The local AWS endpoint (moto) answers C(send_command) with C(Success) without running
     anything; tests prove the receipt path with it and with O(confirm).
@@ -96,14 +78,16 @@ EXAMPLES = r"""
     aws: "{{ root.aws }}"
     runtime: "{{ root.runtime }}"
 
-- name: The machine is gone; record the operator's word
+- name: The machines are gone; record the operator's word for each detached storage
   csis.infra.csis_unmount:
     config_root: "{{ csis_root }}"
-    instance: test2
-    storage: mnt_data
-    mount_point: /mnt/data
+    instance: "{{ item.instance }}"
+    storage: "{{ item.storage }}"
+    mount_point: "{{ item.mount_point }}"
     receipts_dir: "{{ root.directory }}/unmount-receipts"
     confirm: true
+    confirmed_by: "{{ operator }}"
+  loop: "{{ detached }}"
 """
 
 RETURN = r"""
@@ -114,39 +98,27 @@ receipt:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.unmount import unmount, unmount_receipt_path
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, argument_spec, run_module
+
+
+def _unmount(module, p):
+    if module.check_mode:
+        path = unmount_receipt_path(p["receipts_dir"], p["instance"], p["storage"])
+        return dict(changed=True, receipt={"path": path, "would": "confirm" if p["confirm"] else "session"})
+    receipt = unmount(p["config_root"], p["instance"], p["storage"], p["mount_point"], p["receipts_dir"],
+                      access=p["aws"], runtime=p["runtime"], confirm=p["confirm"], confirmed_by=p["confirmed_by"],
+                      force=p["force"], timeout=p["timeout"], run_id=p["run_id"])
+    return dict(changed=True, receipt=receipt)
 
 
 def main():
-    module = csis_module(
-        argument_spec=argument_spec(
-            CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS,
-            instance=dict(type="str", required=True),
-            storage=dict(type="str", required=True),
-            mount_point=dict(type="str", required=True),
-            receipts_dir=dict(type="path", required=True),
-            runtime=dict(type="str"),
-            confirm=dict(type="bool", default=False),
-            confirmed_by=dict(type="str"),
-            force=dict(type="bool", default=False),
-            timeout=dict(type="int", default=300),
-            run_id=dict(type="str"),
-        ),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        path = unmount_receipt_path(p["receipts_dir"], p["instance"], p["storage"])
-        if module.check_mode:
-            module.exit_json(changed=True, receipt={"path": path, "would": "confirm" if p["confirm"] else "session"})
-        receipt = unmount(p["config_root"], p["instance"], p["storage"], p["mount_point"], p["receipts_dir"],
-                          access=p["aws"], runtime=p["runtime"], confirm=p["confirm"], confirmed_by=p["confirmed_by"],
-                          force=p["force"], timeout=p["timeout"], run_id=p["run_id"])
-    except CsisError as exc:
-        fail_from(module, exc, prefix="" if module.check_mode else "unmount: ")
-    module.exit_json(changed=True, receipt=receipt)
+    run_module(_unmount, argument_spec(
+        CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS, INSTANCE_ARGS, storage=dict(type="str", required=True),
+        mount_point=dict(type="str", required=True), receipts_dir=dict(type="path", required=True), runtime=dict(type="str"),
+        confirm=dict(type="bool", default=False), confirmed_by=dict(type="str"), force=dict(type="bool", default=False),
+        timeout=dict(type="int", default=300), run_id=dict(type="str"),
+    ), requires=("PyYAML",), failure=lambda module: dict(prefix="" if module.check_mode else "unmount: "),
+        supports_check_mode=True)
 
 
 if __name__ == "__main__":

@@ -17,28 +17,12 @@ description:
     zones, remote-state needs, executables and their versions).
   - Reports every problem at once, each naming the file and the key path.
   - Makes no network call and writes nothing.
-author:
-  - csis.infra maintainers (@csis-infra)
-requirements:
-  - pydantic >= 2.7 (the configuration models)
 extends_documentation_fragment:
-  - csis.infra.config
-  - csis.infra.attributes
-  - csis.infra.attributes.platform
-  - csis.infra.attributes.action_group
-options:
-  undeclare:
-    description: Instance names treated as removed from the YAML for this run (a decommission).
-    type: list
-    elements: str
-    default: []
+  - csis.infra.controller.tree_read_only
+  - csis.infra.config.undeclare
 attributes:
   check_mode:
-    support: full
     details: Read-only; the same rules run in check mode.
-  diff_mode:
-    support: N/A
-    details: This action does not modify state.
 notes:
   - The messages keep the reference manual's wording so operators can search for them.
 """

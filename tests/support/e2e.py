@@ -394,3 +394,10 @@ def run_playbook_at_prompt(playbook: str, config_root: str, endpoint_env: Mappin
         with open(log, "w", encoding="utf-8") as fh:
             fh.write(out)
     return Run(argv, rc, out, time.monotonic() - t0)
+
+
+def processes(predicate) -> List[Dict[str, Any]]:
+    """Every live process of the machine (pid, ppid, argv, cwd) that satisfies ``predicate``:
+    unlike :func:`tree_processes`, this finds processes a killed run left behind (re-parented,
+    in sessions of their own)."""
+    return [p for p in _proc_table().values() if predicate(p)]

@@ -333,3 +333,35 @@ def test_expectations_from_the_example_tree_and_hand_made_records():
     assert s["gone"]["bucket"] == "gone-bucket" and s["gone"]["runtime"] == "aws-east2-runtime"
     assert list(e["instances"]) == ["test2"]
     assert e["instances"]["test2"]["instance_id"] == "i-1" and e["instances"]["test2"]["pin"] == "ami-1"
+
+
+def test_check_recorded_storages_missing_is_hard_and_protects_the_active_ones(tmp_path):
+    """Issue 16: before a root is planned, its storages recorded as existing are looked up by id."""
+    import shutil
+
+    root = str(tmp_path / "tree")
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "examples"), root,
+                    ignore=shutil.ignore_patterns("generated", "meta-state", "state"))
+    os.makedirs(os.path.join(root, "meta-state"))
+    with open(os.path.join(root, "meta-state", "storage-state.yaml"), "w", encoding="utf-8") as fh:
+        fh.write("storages:\n"
+                 "  mnt_data: {state: active, facts: {builder: aws-ebs, type: ebs, volume_id: vol-gone}}\n")
+    asked = []
+
+    def factory(service, access):
+        def volumes(**kw):
+            asked.append(kw)
+            raise FakeErr("InvalidVolume.NotFound")
+        return FakeClient({"describe_volumes": volumes})
+
+    storages = {"mnt_data": {"address": "module.storage_mnt_data", "type": "ebs"},
+                "other": {"address": "module.storage_other", "type": "ebs"}}
+    res = d.check_recorded_storages(root, storages, factory=factory)
+    assert asked == [{"VolumeIds": ["vol-gone"]}]          # by the recorded id; no foreign scan
+    assert res["checked"] == ["mnt_data"]
+    assert res["hard"] == ["missing  storage  mnt_data: recorded active but not found in reality (volume vol-gone) [HARD]"]
+    assert res["protect"] == ["module.storage_mnt_data.aws_ebs_volume.this"]
+    # a storage of another root is not looked up
+    asked.clear()
+    assert d.check_recorded_storages(root, {"other": storages["other"]}, factory=factory)["checked"] == []
+    assert asked == []

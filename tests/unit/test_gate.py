@@ -417,3 +417,31 @@ def test_binding_is_for_its_root(root, tmp_path, fake_show):
     # a plan file given by absolute path from another project_path
     with pytest.raises(GateRefused, match="binding for another root"):
         run_gate(str(other), str(root / "tfplan"))
+
+
+# ----------------------------------------------------------------------------- recorded storages (issue 16)
+VOL = "module.storage_mnt_data.aws_ebs_volume.this"
+
+
+def test_create_of_a_recorded_storage_is_refused():
+    v = evaluate_plan(plan(rc(VOL, "create"), rc("module.storage_p1.aws_ebs_volume.this", "create")), refuse_create=[VOL])
+    assert v.creates == [VOL, "module.storage_p1.aws_ebs_volume.this"]
+    assert len(v.violations) == 1 and v.violations[0].startswith("RECORDED STORAGE WOULD BE CREATED: %s: " % VOL)
+    assert "forget.yml" in v.violations[0] and "state_import.yml" in v.violations[0]
+    # indexed instances are covered, other resources of the module are not (a new lifecycle rule is fine)
+    v = evaluate_plan(plan(rc(VOL + "[0]", "create"), rc("module.storage_mnt_data.aws_s3_object.x", "create")),
+                      refuse_create=[VOL])
+    assert [x.split(":")[0] for x in v.violations] == ["RECORDED STORAGE WOULD BE CREATED"]
+    # without refuse_create a create passes; a replacement is the whitelist's business
+    assert evaluate_plan(plan(rc(VOL, "create"))).violations == []
+    v = evaluate_plan(plan(rc(VOL, "delete", "create")), allow_destroy=["module.storage_mnt_data"], refuse_create=[VOL])
+    assert v.violations == [] and v.replaces == [VOL]
+
+
+def test_run_gate_passes_refuse_create(tmp_path):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(plan(rc(VOL, "create"))))
+    with pytest.raises(GateRefused) as exc:
+        run_gate(plan_json=str(pj), refuse_create=[VOL])
+    assert exc.value.messages[0].startswith("RECORDED STORAGE WOULD BE CREATED: " + VOL)
+    assert run_gate(plan_json=str(pj))["adds"] == 1

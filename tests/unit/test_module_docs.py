@@ -4,7 +4,8 @@ and every documented option is in the argument spec (and the other way round).
 
 These are quick, dependency-free checks of what ansible-test's validate-modules also
 checks (scripts/sanity runs that): authors in ``Name (@handle)`` form, the attributes
-every module declares through the ``csis.infra.attributes`` doc fragment, RETURN in
+every module declares through a kind of module (``csis.infra.controller...``) or the
+``csis.infra.attributes`` doc fragments, with the fragments merged in as Ansible does, RETURN in
 block style with a description and a type for every value, examples by FQCN, and
 the ``csis.infra.csis`` action group naming every module."""
 from __future__ import annotations
@@ -41,31 +42,51 @@ def _docs(path):
 
 
 def _fragment(name):
-    """csis.infra.<file>[.<variable>] -> the parsed fragment (DOCUMENTATION by default)."""
+    """csis.infra.<file>[.<variable>] -> the parsed fragment (DOCUMENTATION by default).
+
+    The fragments are imported and instantiated, as Ansible's fragment loader does (their
+    variables are put together from texts shared between the fragment files)."""
+    import importlib
+
     parts = name.split(".")
     assert parts[:2] == ["csis", "infra"] and len(parts) in (3, 4), name
     var = parts[3].upper() if len(parts) == 4 else "DOCUMENTATION"
-    path = os.path.join(REPO, "plugins", "doc_fragments", parts[2] + ".py")
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == var:
-            return yaml.safe_load(node.value.value)
-    raise AssertionError("no %s in %s" % (var, path))
+    fragment = importlib.import_module("ansible_collections.csis.infra.plugins.doc_fragments." + parts[2])
+    text = getattr(fragment.ModuleDocFragment(), var, None)
+    assert isinstance(text, str), "no %s in doc fragment %s" % (var, parts[2])
+    return yaml.safe_load(text)
+
+
+def _expanded(doc):
+    """The module's documentation with its csis.infra fragments merged in, as Ansible's
+    add_fragments does: notes and seealso extended; options and attributes merged entry by
+    entry (the module's keys, then earlier fragments', win inside an entry); other lists
+    (author, requirements) joined."""
+    doc = dict(doc)
+    for frag in doc.pop("extends_documentation_fragment", None) or []:
+        if not frag.startswith("csis.infra."):
+            continue  # ansible.builtin's (the inventory plugin's constructed, inventory_cache)
+        fdoc = _fragment(frag)
+        for key in ("notes", "seealso"):
+            doc[key] = list(doc.get(key) or []) + list(fdoc.pop(key, None) or [])
+        for key in ("options", "attributes"):
+            entries = {k: dict(v) for k, v in (doc.get(key) or {}).items()}
+            for name, entry in (fdoc.pop(key, None) or {}).items():
+                entries[name] = dict(entry, **entries.get(name, {}))
+            doc[key] = entries
+        for key, val in fdoc.items():
+            if isinstance(doc.get(key), list):
+                val = sorted(set(val) | set(doc[key]))
+            elif isinstance(doc.get(key), dict):
+                val = dict(val, **doc[key])
+            doc[key] = val
+    return doc
 
 
 def _merged(doc):
-    """The module's documentation with its csis.infra fragments merged in, as ansible-doc does
-    (a module's own keys win inside each option or attribute)."""
-    options = dict(doc.get("options") or {})
-    attributes = {k: dict(v) for k, v in (doc.get("attributes") or {}).items()}
-    for frag in doc.get("extends_documentation_fragment") or []:
-        assert frag.startswith("csis.infra."), frag
-        fdoc = _fragment(frag)
-        for key, val in (fdoc.get("options") or {}).items():
-            options.setdefault(key, val)
-        for key, val in (fdoc.get("attributes") or {}).items():
-            attributes[key] = dict(val, **attributes.get(key, {}))
-    return options, attributes
+    """The options and the attributes of the expanded documentation."""
+    doc = _expanded(doc)
+    return doc.get("options") or {}, doc.get("attributes") or {}
 
 
 def _ids(paths):
@@ -76,7 +97,7 @@ def _ids(paths):
 def test_module_docs_parse(path):
     docs = _docs(path)
     assert set(docs) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}, "missing doc blocks in %s" % path
-    doc = yaml.safe_load(docs["DOCUMENTATION"])
+    doc = _expanded(yaml.safe_load(docs["DOCUMENTATION"]))
     assert doc["module"] == os.path.basename(path)[:-3]
     assert doc.get("short_description") and doc.get("description") and doc.get("author")
     examples = yaml.safe_load(docs["EXAMPLES"])
@@ -93,7 +114,7 @@ def test_module_docs_parse(path):
 
 @pytest.mark.parametrize("path", PLUGINS, ids=_ids(PLUGINS))
 def test_authors_have_a_handle(path):
-    doc = yaml.safe_load(_docs(path)["DOCUMENTATION"])
+    doc = _expanded(yaml.safe_load(_docs(path)["DOCUMENTATION"]))
     authors = doc.get("author")
     authors = [authors] if isinstance(authors, str) else authors
     assert authors, "no author in %s" % path
@@ -105,7 +126,9 @@ def test_authors_have_a_handle(path):
 def test_attributes_are_complete(path):
     doc = yaml.safe_load(_docs(path)["DOCUMENTATION"])
     frags = doc.get("extends_documentation_fragment") or []
-    assert "csis.infra.attributes" in frags, "the csis.infra.attributes fragment describes the attributes"
+    assert all(f.startswith("csis.infra.") for f in frags), frags
+    assert "csis.infra.attributes" in frags or any(f.startswith("csis.infra.controller") for f in frags), \
+        "the csis.infra.attributes fragment (or a kind of module, csis.infra.controller...) describes the attributes"
     attributes = _merged(doc)[1]
     assert set(ATTRIBUTES) <= set(attributes), "attributes %s lack %s" % (sorted(attributes), ATTRIBUTES)
     for name, attr in attributes.items():

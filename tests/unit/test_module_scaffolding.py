@@ -67,3 +67,62 @@ def test_common_specs_are_copied():
 def test_every_library_the_modules_may_require_is_known():
     assert set(scaffold.LIBRARIES) == {"PyYAML", "pydantic", "boto3"}
     assert all(installed for installed, _error in scaffold.LIBRARIES.values())  # the dev venv has both
+
+
+class Exited(Exception):
+    pass
+
+
+class RunModule(FakeModule):
+    """What run_module builds (csis_module is replaced): params, check mode, exit and fail."""
+
+    def __init__(self, params, check_mode=False):
+        super().__init__()
+        self.params, self.check_mode, self.exited, self.built = params, check_mode, None, None
+
+    def exit_json(self, **kw):
+        self.exited = kw
+        raise Exited()
+
+
+def run(monkeypatch, fn, params=None, check_mode=False, **kw):
+    m = RunModule(params or {}, check_mode)
+
+    def build(argument_spec, requires=(), **kwargs):
+        m.built = dict(argument_spec=dict(argument_spec), requires=tuple(requires), **kwargs)
+        return m
+
+    monkeypatch.setattr(scaffold, "csis_module", build)
+    with pytest.raises((Exited, Failed)):
+        scaffold.run_module(fn, {"x": dict(type="str")}, requires=("PyYAML",), supports_check_mode=True, **kw)
+    return m
+
+
+def test_run_module_exits_with_what_the_call_returns(monkeypatch):
+    m = run(monkeypatch, lambda module, p: dict(changed=False, x=p["x"]), params={"x": "v"})
+    assert m.exited == {"changed": False, "x": "v"} and m.failed is None
+    assert m.built == {"argument_spec": {"x": dict(type="str")}, "requires": ("PyYAML",), "supports_check_mode": True}
+
+
+def test_run_module_fails_a_library_error_through_fail_from(monkeypatch):
+    def boom(module, p):
+        raise ConfigError([Problem("cfg/a.yml", "x", "bad")])
+
+    m = run(monkeypatch, boom, failure=dict(prefix="step: ", changed=False))
+    assert m.failed == {"msg": "step: cfg/a.yml: x: bad", "problems": ["cfg/a.yml: x: bad"], "changed": False}
+    assert m.exited is None
+    m = run(monkeypatch, boom, check_mode=True, failure=lambda module: dict(prefix="" if module.check_mode else "step: "))
+    assert m.failed["msg"] == "cfg/a.yml: x: bad"
+
+
+def test_run_module_lets_other_errors_through(monkeypatch):
+    def bug(module, p):
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        run(monkeypatch, bug)
+
+
+def test_the_instance_spec():
+    assert scaffold.argument_spec(scaffold.CONFIG_ROOT_ARGS, scaffold.INSTANCE_ARGS) == {
+        "config_root": dict(type="path", required=True), "instance": dict(type="str", required=True)}

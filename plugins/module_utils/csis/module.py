@@ -5,28 +5,30 @@
 Python libraries a module needs are installed, and :func:`fail_from`, which turns any
 library error (:class:`~.errors.CsisError`) into the module's failure.
 
-A module stays thin::
+A module stays thin: an argument spec and one call, which :func:`run_module` wraps::
 
-    module = csis_module(argument_spec=argument_spec(CONFIG_ARGS, name=dict(type="str")),
-                         requires=("PyYAML", "pydantic"), supports_check_mode=True)
-    try:
-        result = library_call(...)
-    except CsisError as exc:
-        fail_from(module, exc)
-    module.exit_json(**result)
+    def _run(module, p):
+        return dict(changed=False, result=library_call(p["config_root"], p["name"]))
+
+    def main():
+        run_module(_run, argument_spec(CONFIG_ARGS, name=dict(type="str")),
+                   requires=("PyYAML", "pydantic"), supports_check_mode=True)
+
+(``run_module`` builds the module with :func:`csis_module`, exits with what ``_run`` returns,
+and fails it through :func:`fail_from` on a :class:`~.errors.CsisError`.)
 
 The only file of the library that imports Ansible.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterable, Mapping, NoReturn, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, NoReturn, Optional, Union
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from .aws import BOTO3_IMPORT_ERROR, HAS_BOTO3
 from .config.models import HAS_PYDANTIC, PYDANTIC_IMPORT_ERROR
-from .errors import MissingDependency
+from .errors import CsisError, MissingDependency
 from .yamlio import HAS_YAML, YAML_IMPORT_ERROR
 
 #: the configuration root (the directory holding ``cfg/_config.yml``)
@@ -38,7 +40,11 @@ CONFIG_ARGS: Dict[str, Any] = dict(
     CONFIG_ROOT_ARGS,
     overlays=dict(type="list", elements="path", default=[]),
 )
-#: instances and storages left out of the declaration for this run
+#: the one launched instance a module acts on (doc fragment ``csis.infra.config.instance``)
+INSTANCE_ARGS: Dict[str, Any] = dict(
+    instance=dict(type="str", required=True),
+)
+#: instances and storages left out of the declaration for this run (``csis.infra.config.undeclare``)
 UNDECLARE_ARGS: Dict[str, Any] = dict(
     undeclare=dict(type="list", elements="str", default=[]),
 )
@@ -107,3 +113,25 @@ def fail_from(module: AnsibleModule, exc: BaseException, msg: Optional[str] = No
         out.setdefault(problems_key, [str(p) for p in problems])
     module.fail_json(msg=prefix + (str(exc) if msg is None else msg), **out)
     raise AssertionError("fail_json returned")  # pragma: no cover - fail_json exits
+
+
+def run_module(run: Callable[[AnsibleModule, Dict[str, Any]], Mapping[str, Any]], argument_spec: Mapping[str, Any],
+               requires: Iterable[str] = (),
+               failure: Union[None, Mapping[str, Any], Callable[[AnsibleModule], Mapping[str, Any]]] = None,
+               **kwargs: Any) -> NoReturn:
+    """A thin module's whole ``main()``.
+
+    Builds the module (:func:`csis_module` with ``argument_spec``, ``requires`` and
+    AnsibleModule's ``kwargs``), calls ``run(module, module.params)`` and exits with the result
+    it returns (``run`` may exit or fail the module itself). A :class:`~.errors.CsisError` that
+    ``run`` raises fails the module through :func:`fail_from`, with the keyword arguments
+    ``failure`` (``prefix``, ``problems_key``, result keys such as ``changed=False``), or with
+    those ``failure(module)`` returns.
+    """
+    module = csis_module(argument_spec, requires, **kwargs)
+    try:
+        result = run(module, module.params)
+    except CsisError as exc:
+        fail_from(module, exc, **dict((failure(module) if callable(failure) else failure) or {}))
+    module.exit_json(**result)
+    raise AssertionError("exit_json returned")  # pragma: no cover - exit_json exits

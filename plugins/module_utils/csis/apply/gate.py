@@ -26,6 +26,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
              plan_json: Optional[str] = None, binary_path: str = "terraform",
              allow_destroy: Iterable[str] = (), require_unmounted: Iterable[str] = (),
              receipts_dir: Optional[str] = None, receipts_since_binding: bool = True,
+             refuse_create: Iterable[str] = (),
              check_mode: bool = False, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Evaluate a plan; return the verdict or raise :class:`GateRefused` / :class:`GateError`.
 
@@ -34,6 +35,8 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     in the binding (not in check mode), a refusal clears any earlier gate record.
     With ``plan_json`` (offline: an already-rendered ``show -json`` file) only the
     destroy and receipt checks run and no binding is involved.
+    ``refuse_create``: addresses that must not be created (the resources of the storages
+    meta-state records as existing, :func:`.plan_verdict.evaluate_plan`).
     """
     allow = list(allow_destroy or ())
     required = list(require_unmounted or ())
@@ -50,7 +53,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
                 plan = json.load(fh)
         except (OSError, ValueError) as exc:
             raise GateError("cannot read plan JSON %s: %s" % (plan_json, exc))
-        verdict = evaluate_plan(plan, allow)
+        verdict = evaluate_plan(plan, allow, refuse_create)
         result.update(verdict.as_result())
         result["diff"] = plan_diff(verdict)
         result["plan_digest"] = plan_content_digest(plan)
@@ -92,7 +95,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     sha_after = sha256_file(plan_path)
     if sha_before != sha_after:
         refuse(problems + ["STALE PLANFILE: %s changed while the gate read it" % plan_file])
-    verdict = evaluate_plan(plan, allow)
+    verdict = evaluate_plan(plan, allow, refuse_create)
     result.update(verdict.as_result())
     result["diff"] = plan_diff(verdict)
     result["plan_sha256"] = sha_after
@@ -102,5 +105,6 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
         refuse(problems)
     if not check_mode:
         record_gate(plan_path, binding, {"plan_sha256": sha_after, "allow_destroy": allow,
+                                         "refuse_create": list(refuse_create or ()),
                                          "require_unmounted": required, "verdict": verdict.as_result()})
     return result

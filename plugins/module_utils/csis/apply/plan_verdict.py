@@ -83,8 +83,24 @@ class PlanVerdict:
         }
 
 
-def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) -> PlanVerdict:
-    """Classify ``plan["resource_changes"]`` and check every destroy against ``allow_destroy``."""
+def recorded_create_message(shown: str) -> str:
+    return ("RECORDED STORAGE WOULD BE CREATED: %s: meta-state records this storage as existing, so its "
+            "resource is gone from reality or from the terraform state; a new one would be empty. Run "
+            "playbooks/state_query.yml, then forget.yml (gone for good) or state_import.yml (replaced) "
+            "(docs/drift.md)" % shown)
+
+
+def _covers(entry: str, address: str) -> bool:
+    return address == entry or address.startswith(entry + "[")
+
+
+def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
+                  refuse_create: Iterable[str] = ()) -> PlanVerdict:
+    """Classify ``plan["resource_changes"]`` and check every destroy against ``allow_destroy``.
+
+    ``refuse_create``: addresses of resources that must never be created (the volume, filesystem
+    or bucket of a storage meta-state records as existing): a create of one is a violation
+    (a replacement is a destroy, and the whitelist decides)."""
     if not isinstance(plan, Mapping) or "format_version" not in plan:
         raise GateError("not a terraform plan in JSON (no format_version): pass the output of `show -json <plan>`")
     if plan.get("errored"):
@@ -96,6 +112,7 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) ->
         except ValueError as exc:
             raise GateError("allow_destroy entry %r is not a terraform address: %s" % (e, exc))
     whitelist = Whitelist(entries)
+    refuse = [e for e in refuse_create or () if e]
     verdict = PlanVerdict()
     for rc in plan.get("resource_changes") or []:
         if not isinstance(rc, Mapping):
@@ -132,6 +149,8 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = ()) ->
         if rc.get("action_reason"):
             detail["action_reason"] = rc.get("action_reason")
         verdict.details.append(detail)
+        if "create" in acts and kind != "replace" and any(_covers(e, address) for e in refuse):
+            verdict.violations.append(recorded_create_message(shown))
         if kind in ("delete", "replace"):
             try:
                 entry = whitelist.covering(address)

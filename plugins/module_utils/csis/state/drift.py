@@ -277,12 +277,26 @@ def write_report(config_root: str, report: Mapping[str, Any]) -> Tuple[str, bool
     return path, findings(previous) != findings(report)
 
 
-def read_report(config_root: str) -> Optional[Dict[str, Any]]:
+def read_report(config_root: str, strict: bool = False) -> Optional[Dict[str, Any]]:
+    """The last report (None: none written yet). A report that cannot be read or parsed is
+    None too, unless ``strict``: then :class:`DriftError` names the file."""
+    path = report_path(config_root)
     try:
-        with open(report_path(config_root), "r", encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        with open(path, "r", encoding="utf-8") as handle:
+            report = json.load(handle)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        if strict:
+            raise DriftError("%s: cannot be read (%s); run 'state query' again to rewrite it"
+                             % (path, getattr(exc, "strerror", None) or exc)) from exc
+        return None
+    if not isinstance(report, dict):
+        if strict:
+            raise DriftError("%s: is not a state report (a JSON object); run 'state query' again to rewrite it"
+                             % path)
+        return None
+    return report
 
 
 def run_id() -> str:
@@ -301,3 +315,40 @@ def query(config_root: str, overlays: Iterable[str] = (), run: Optional[str] = N
     exps = expectations(tree, meta)
     reality = observe(exps, lambda rt: tree_access(tree, rt), factory)
     return classify(exps, reality, run or run_id())
+
+
+#: the resource of each storage type that IS the storage (its data); a plan that creates it for
+#: a storage meta-state records as existing would make a new, empty one
+PRIMARY_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this", "s3": "aws_s3_bucket.this"}
+#: recorded states in which a storage's data exists (the volume, filesystem or bucket; the archive snapshot)
+EXISTING_STATES = ("active", "archived")
+
+
+def check_recorded_storages(config_root: str, storages: Mapping[str, Mapping[str, Any]], overlays: Iterable[str] = (),
+                            run: Optional[str] = None, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+    """Before a root is planned: do the storages meta-state records as existing still exist?
+
+    ``storages`` is the root's ``storages`` (name -> ``{"address", "type", ...}``, from the
+    render). The storages of it recorded ``active`` or ``archived`` are looked up like the
+    state query does (by recorded id; no foreign scan) and classified by :func:`classify`.
+    Returns ``{"checked": [names], "drift", "unavailable", "lines" (the report's lines),
+    "hard" ([the drift lines of HARD drift]), "protect" ([addresses of the resources that
+    must not be created: those of the storages recorded active])}``. Writes nothing.
+    """
+    tree = load_tree(config_root, overlays=overlays)
+    meta, problems = read_meta(tree.root, ("storage-state.yaml",))
+    if problems:
+        raise DriftError("\n".join(str(p) for p in problems))
+    exps = expectations(tree, meta)
+    mine = {n: e for n, e in exps["storages"].items() if n in storages and e.get("recorded_state") in EXISTING_STATES}
+    narrowed = dict(exps, storages=mine, instances={})
+    report = classify(narrowed, observe(narrowed, lambda rt: tree_access(tree, rt), factory, foreign=False),
+                      run or run_id())
+    protect = []
+    for name, exp in sorted(mine.items()):
+        address = (storages.get(name) or {}).get("address")
+        if exp.get("recorded_state") == "active" and address and exp["type"] in PRIMARY_RESOURCE:
+            protect.append("%s.%s" % (address, PRIMARY_RESOURCE[exp["type"]]))
+    return {"checked": sorted(mine), "drift": report["drift"], "unavailable": report["unavailable"],
+            "lines": console_lines(report)[1:], "protect": protect,
+            "hard": [drift_text(d) for d in report["drift"] if d.get("hard")]}

@@ -171,41 +171,33 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
         except Exception as exc:  # noqa: BLE001
             unavailable.append("foreign %s scan (runtime %s): %s" % (label, runtime, error_text(exc)))
 
+    def found(what: str, rid: str, state: Any, tags: Dict[str, str], kind: str = "storage", **extra: Any) -> None:
+        """One tagged resource, listed unless meta-state accounts for it (``known[what]``)."""
+        if rid not in known.get(what, ()):
+            items.append(dict({"what": what, "id": rid, "name": tags.get("Name") or rid, "state": state, "tags": tags,
+                               "runtime": runtime, "kind": kind}, **extra))
+
     def volumes() -> None:
         for v in paginate(ep, "ec2", "describe_volumes", "Volumes", "NextToken", "NextToken", Filters=flt):
-            if v["VolumeId"] in known.get("volume", ()):
-                continue
-            tags = resource_tags(v.get("Tags"))
-            items.append({"what": "volume", "id": v["VolumeId"], "name": tags.get("Name") or v["VolumeId"],
-                          "state": v.get("State"), "tags": tags, "runtime": runtime, "kind": "storage"})
+            found("volume", v["VolumeId"], v.get("State"), resource_tags(v.get("Tags")))
 
     def snapshots() -> None:
         for s in paginate(ep, "ec2", "describe_snapshots", "Snapshots", "NextToken", "NextToken",
                           OwnerIds=["self"], Filters=flt):
-            if s["SnapshotId"] in known.get("snapshot", ()):
-                continue
-            tags = resource_tags(s.get("Tags"))
-            items.append({"what": "snapshot", "id": s["SnapshotId"], "name": tags.get("Name") or s["SnapshotId"],
-                          "state": s.get("State"), "tags": tags, "runtime": runtime, "kind": "storage"})
+            found("snapshot", s["SnapshotId"], s.get("State"), resource_tags(s.get("Tags")))
 
     def instances() -> None:
         for r in paginate(ep, "ec2", "describe_instances", "Reservations", "NextToken", "NextToken", Filters=flt + [
                 {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}]):
             for i in r.get("Instances") or []:
-                if i["InstanceId"] in known.get("instance", ()):
-                    continue
-                tags = resource_tags(i.get("Tags"))
-                items.append({"what": "instance", "id": i["InstanceId"], "name": tags.get("Name") or i["InstanceId"],
-                              "state": (i.get("State") or {}).get("Name"), "tags": tags, "runtime": runtime,
-                              "kind": "instance", "ami": i.get("ImageId")})
+                found("instance", i["InstanceId"], (i.get("State") or {}).get("Name"), resource_tags(i.get("Tags")),
+                      kind="instance", ami=i.get("ImageId"))
 
     def filesystems() -> None:
         for fs in paginate(ep, "efs", "describe_file_systems", "FileSystems", "Marker", "NextMarker"):
             tags = resource_tags(fs.get("Tags"))
-            if tags.get("csis_config") != tag or fs["FileSystemId"] in known.get("filesystem", ()):
-                continue
-            items.append({"what": "filesystem", "id": fs["FileSystemId"], "name": tags.get("Name") or fs["FileSystemId"],
-                          "state": fs.get("LifeCycleState"), "tags": tags, "runtime": runtime, "kind": "storage"})
+            if tags.get("csis_config") == tag:
+                found("filesystem", fs["FileSystemId"], fs.get("LifeCycleState"), tags)
 
     def buckets() -> None:
         for b in ep.call("s3", "list_buckets").get("Buckets") or []:
@@ -235,8 +227,8 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
 
 
 def observe(exps: Mapping[str, Any], access_for: Callable[[str], Mapping[str, Any]],
-            factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
-    """Look every expectation up at its runtime's endpoint, then scan for foreign resources.
+            factory: Optional[ClientFactory] = None, foreign: bool = True) -> Dict[str, Any]:
+    """Look every expectation up at its runtime's endpoint, then (``foreign``) scan for foreign resources.
 
     ``access_for(runtime)`` gives the access dict (``aws.tree_access``);
     ``factory(service, access)`` builds a client (default: ``aws.client``).
@@ -281,14 +273,14 @@ def observe(exps: Mapping[str, Any], access_for: Callable[[str], Mapping[str, An
     for exp in exps["instances"].values():
         if exp.get("instance_id"):
             known["instance"].add(exp["instance_id"])
-    foreign: List[Dict[str, Any]] = []
+    found: List[Dict[str, Any]] = []
     seen: set = set()
-    for rt in exps["runtimes"]:
+    for rt in exps["runtimes"] if foreign else ():
         ep = endpoint(rt)
         items, unav, _errors = scan_foreign(ep, rt, exps["tag"], known)
         unavailable += unav
         for it in items:
             if (it["what"], it["id"]) not in seen:
                 seen.add((it["what"], it["id"]))
-                foreign.append(it)
-    return {"storages": storages, "instances": instances, "foreign": foreign, "unavailable": unavailable}
+                found.append(it)
+    return {"storages": storages, "instances": instances, "foreign": found, "unavailable": unavailable}

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from ..clock import now
 from ..errors import CsisError
 from ..terraform import state_pull
-from .store import MetaState
+from .store import MetaState, MetaStateError
 
 HISTORY_MAX = 50
 
@@ -265,20 +265,59 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
     return out
 
 
+#: the resource that stands for a storage or an instance in the state (what a failed record names)
+_MAIN_TYPES = ("aws_ebs_volume", "aws_efs_file_system", "aws_s3_bucket", "aws_instance")
+
+
+def state_holds(root: Mapping[str, Any], state: Mapping[str, Any]) -> List[str]:
+    """``<kind> <name>: <resource> <id>`` for every storage and instance of ``root`` that the
+    terraform state holds (``<kind> <name>: not in the state`` for the others)."""
+    res = resources(state)
+    out = []
+    for kind, key in (("storage", "storages"), ("instance", "instances")):
+        for name, info in sorted((root.get(key) or {}).items()):
+            mine = [r for r in under(res, info.get("address") or "") if r["type"] in _MAIN_TYPES]
+            out.append("%s %s: %s" % (kind, name, ", ".join("%s %s" % (r["type"], r["attributes"].get("id"))
+                                                            for r in mine) or "not in the state"))
+    return out
+
+
+def record_failed_message(root: Mapping[str, Any], state: Mapping[str, Any], exc: BaseException,
+                          applied: Optional[str] = None) -> str:
+    """What a record that failed after the apply says: what was applied, what the state holds,
+    why meta-state did not take it, and that a re-run records it."""
+    key = root.get("key") or root.get("directory") or "the root"
+    holds = "; ".join(state_holds(root, state)) or "nothing this root declares"
+    if applied:
+        head = ("%s: the apply happened (%s, in %s) and terraform state holds its result (%s), but recording it "
+                "in meta-state failed" % (key, applied, root.get("directory"), holds))
+    else:
+        head = "%s: recording what terraform state holds (%s) in meta-state failed" % (key, holds)
+    return ("%s: %s. Nothing applied is lost: once meta-state can be written again, run the same playbook "
+            "again; its plan shows no change for what was applied and its record step records what the state "
+            "holds." % (head, exc))
+
+
 def record_root(config_root: str, root: Mapping[str, Any], run: str,
-                done_transitions: Iterable[Mapping[str, Any]] = (), state: Optional[Mapping[str, Any]] = None
-                ) -> Dict[str, Any]:
+                done_transitions: Iterable[Mapping[str, Any]] = (), state: Optional[Mapping[str, Any]] = None,
+                applied: Optional[str] = None) -> Dict[str, Any]:
+    """Record what the root's terraform state holds (:func:`record_storage_root`,
+    :func:`record_instance_root`). ``applied``: what this run applied to the root (its plan
+    summary), named by the :class:`RecordError` raised when meta-state cannot take the record."""
     ms = MetaState(config_root)
     if state is None:
         state = state_pull(root["directory"], root.get("binary") or "terraform")
-    if root["lifecycle"] == "storage":
-        got = record_storage_root(ms, root, state, run, done_transitions)
-        key = "storages"
-    elif root["lifecycle"] == "instance-image":
-        got = record_instance_root(ms, root, state, run)
-        key = "instances"
-    else:
-        return {"written": []}
+    try:
+        if root["lifecycle"] == "storage":
+            got = record_storage_root(ms, root, state, run, done_transitions)
+            key = "storages"
+        elif root["lifecycle"] == "instance-image":
+            got = record_instance_root(ms, root, state, run)
+            key = "instances"
+        else:
+            return {"written": []}
+    except MetaStateError as exc:
+        raise RecordError(record_failed_message(root, state, exc, applied)) from exc
     written = got.pop("_written", [])
     return {key: got, "written": written}
 

@@ -27,6 +27,8 @@ This module is the one place meta-state is read and written.
   that would write such a contradiction. A lock-free reader that sees a contradiction looks
   again under a shared lock (a commit replaces its files one after the other) before it
   refuses.
+* :meth:`MetaState.check_writable` proves, before a run plans anything, that a transaction
+  could write here (a probe file and the lock; nothing stays but the lock file).
 * ``save`` refuses secret-shaped data (AWS access keys, session tokens, private keys,
   non-empty values under ``*secret*``/``*password*``/``*token*`` keys).
 * Values are plain data: mappings with string keys, lists, strings, ints, floats,
@@ -52,6 +54,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
@@ -69,6 +72,7 @@ __all__ = [
     "STORAGE_STATES",
     "MetaState",
     "MetaStateError",
+    "NotWritable",
     "Transaction",
     "contradictions",
     "dumps",
@@ -99,6 +103,10 @@ class MetaStateError(CsisError):
 
     The message always names the file (``meta-state/<file>``) it is about.
     """
+
+
+class NotWritable(MetaStateError):
+    """The meta-state directory (or a file in it) cannot be written (:meth:`MetaState.check_writable`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -538,6 +546,28 @@ def _default_what() -> str:
     return argv0 or "python"
 
 
+#: Linux FS_IOC_GETFLAGS (_IOR('f', 1, long)) and the flags that stop a rename over a file
+_FS_IOC_GETFLAGS = 0x80086601 if sys.maxsize > 2 ** 32 else 0x80046601
+_FS_IMMUTABLE_OR_APPEND = 0x00000010 | 0x00000020
+
+
+def _immutable(path: str) -> bool:
+    """Whether ``path`` carries the immutable or append-only attribute (False when unknown)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        flags = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
+    except OSError:
+        return False  # a file system without attributes
+    finally:
+        os.close(fd)
+    return bool(int.from_bytes(flags[:4], sys.byteorder) & _FS_IMMUTABLE_OR_APPEND)
+
+
 class _Lock:
     """Exclusive ``flock`` on ``<dir>/.lock``; the holder describes itself in the file."""
 
@@ -756,6 +786,59 @@ class MetaState:
 
     def exists(self, name: str) -> bool:
         return os.path.isfile(self.path(name))
+
+    def check_writable(self, what: Optional[str] = None) -> Dict[str, Any]:
+        """Prove that a transaction could write here, writing nothing that stays.
+
+        An existing meta-state directory: a probe file is created, fsynced and removed in it,
+        the store's lock is taken and released (``lock_timeout``; the lock file is the store's
+        own, kept as after any transaction) and no existing file is immutable (Linux
+        ``chattr +i``/``+a``: an atomic replace could not rename over it). A missing one: the
+        same probe in a temporary directory made and removed in the configuration root (where
+        the first transaction creates it). Raises :class:`NotWritable` naming the directory
+        (:class:`MetaStateError` when the lock cannot be taken).
+        Returns ``{path, exists}``.
+        """
+        exists = os.path.isdir(self.dir)
+        if not exists and os.path.lexists(self.dir):
+            raise NotWritable("%s: %s is not a directory, so nothing can be recorded there"
+                              % (META_STATE_DIR, self.dir))
+        try:
+            if exists:
+                self._probe(self.dir)
+            else:
+                probe_dir = tempfile.mkdtemp(prefix=".%s-probe." % META_STATE_DIR, dir=self.config_root)
+                try:
+                    self._probe(probe_dir)
+                finally:
+                    os.rmdir(probe_dir)
+        except OSError as exc:
+            where = self.dir if exists else "%s (it does not exist yet and cannot be created in %s)" % (
+                self.dir, self.config_root)
+            raise NotWritable("%s: the directory %s cannot be written: %s"
+                              % (META_STATE_DIR, where, exc.strerror or exc)) from exc
+        if exists:
+            for name in sorted(FILES):
+                path = self.path(name)
+                if os.path.isfile(path) and _immutable(path):
+                    raise NotWritable("%s: %s is immutable or append-only (chattr), so it cannot be replaced"
+                                      % (_label(name), path))
+            lock = _Lock(self.dir, self.lock_timeout, what or _default_what())
+            lock.acquire()
+            lock.release()
+        return {"path": self.dir, "exists": exists}
+
+    @staticmethod
+    def _probe(directory: str) -> None:
+        """Create, write, fsync and remove a file in ``directory`` (OSError when it cannot)."""
+        fd, tmp = tempfile.mkstemp(prefix=".probe.", suffix=".tmp", dir=directory)
+        try:
+            os.write(fd, b"csis.infra write probe\n")
+            os.fsync(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
 
     @contextlib.contextmanager
     def transaction(self, what: Optional[str] = None) -> Iterator["Transaction"]:

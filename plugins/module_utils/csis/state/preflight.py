@@ -1,0 +1,94 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What a real lifecycle run checks before it renders, plans or applies anything.
+
+* **HARD drift**: the last state report (``generated/state-report.json``, written by the
+  state query) holds no HARD line; each one refuses the run with the reference's message
+  (:func:`~.drift.hard_lines`). No report lets the run start; a report that cannot be read
+  refuses it.
+* **Meta-state can be read**: every meta-state file loads through the store, so its
+  checks run (whole files, shapes, the files agreeing with each other).
+* **Meta-state can be written**: when the run may apply, the store proves it could record
+  what the apply did (:meth:`~.store.MetaState.check_writable`: a write probe and the lock),
+  so an unwritable directory stops the run before the first plan instead of after the apply.
+
+:func:`preflight` runs the three and reports every finding at once; it writes nothing that
+stays. Plain Python: importable without Ansible.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from ..errors import CsisError
+from .drift import DriftError, hard_lines, read_report, report_path
+from .store import FILES, MetaState, MetaStateError, NotWritable
+
+#: what a refusal over meta-state adds: why it matters before anything runs
+NOT_WRITABLE = ("a real run records in meta-state what it applies, so it stops before planning anything; "
+                "make it writable (its permissions, a read-only mount, chattr -i) and run again")
+
+
+class PreflightError(CsisError):
+    """A real run must not start: the problems say why (one line each)."""
+
+    def __init__(self, problems: List[str], result: Optional[Dict[str, Any]] = None):
+        self.result = dict(result or {})
+        super().__init__("\n".join(problems), problems)
+
+
+def hard_drift(config_root: str) -> Dict[str, Any]:
+    """``{report, hard_drift, messages}``: the HARD lines of the last state report (none
+    written: no lines). Raises :class:`~.drift.DriftError` when the report cannot be read."""
+    report = read_report(config_root, strict=True)
+    hard = [dict(d) for d in (report or {}).get("drift") or [] if isinstance(d, dict) and d.get("hard")]
+    return {"report": report_path(config_root) if report is not None else None, "hard_drift": hard,
+            "messages": hard_lines({"drift": hard})}
+
+
+def meta_state(config_root: str, write: bool = True, lock_timeout: float = 120.0,
+               what: Optional[str] = None) -> Dict[str, Any]:
+    """``{path, exists, files, writable}``: (``write``) the write probe and the lock, then every
+    meta-state file read through the store (``writable`` stays None without ``write``).
+    Raises :class:`~.store.MetaStateError` (:class:`~.store.NotWritable`: the write probe failed)."""
+    ms = MetaState(config_root, lock_timeout=lock_timeout)
+    out: Dict[str, Any] = {"path": ms.dir, "exists": os.path.isdir(ms.dir), "files": [], "writable": None}
+    if write:
+        try:
+            out.update(ms.check_writable(what))
+        except NotWritable as exc:
+            raise NotWritable("%s; %s" % (exc, NOT_WRITABLE)) from exc
+        out["writable"] = True
+    for name in sorted(FILES):
+        ms.load(name)
+        if ms.exists(name):
+            out["files"].append(name)
+    return out
+
+
+def preflight(config_root: str, write: bool = True, lock_timeout: float = 120.0,
+              what: Optional[str] = None) -> Dict[str, Any]:
+    """Run the checks (see the module docstring); return ``{hard_drift, report, meta_state}``
+    or raise :class:`PreflightError` with every finding (its ``result`` holds what was found)."""
+    problems: List[str] = []
+    directory = MetaState(config_root).dir
+    result: Dict[str, Any] = {"hard_drift": [], "report": None,
+                              "meta_state": {"path": directory, "exists": os.path.isdir(directory),
+                                             "files": [], "writable": None}}
+    try:
+        found = hard_drift(config_root)
+        result["hard_drift"], result["report"] = found["hard_drift"], found["report"]
+        problems += found["messages"]
+    except DriftError as exc:
+        problems.append(str(exc))
+    try:
+        result["meta_state"] = meta_state(config_root, write=write, lock_timeout=lock_timeout, what=what)
+    except NotWritable as exc:
+        problems.append(str(exc))
+        result["meta_state"]["writable"] = False
+    except MetaStateError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise PreflightError(problems, result)
+    return result

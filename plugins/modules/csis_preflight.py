@@ -1,0 +1,114 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_preflight
+short_description: Refuse a real csis.infra run that could not finish safely, before anything is planned
+version_added: 0.1.0
+description:
+  - Runs before a real lifecycle run renders, plans or applies anything (the C(csis.infra.render) role calls it
+    first) and fails with every finding, one line each.
+  - B(HARD drift.) Fails while the last state report (C(generated/state-report.json), written by the state query)
+    holds a HARD line, with one C(state) line per HARD line, ending in C((from state-report.json; re-run 'state
+    query' after fixing)). No report lets the run start; a report that cannot be read refuses it.
+  - B(Meta-state can be read.) Every meta-state file loads through the store, so its checks run (whole files, the
+    known shapes, the files agreeing with each other).
+  - B(Meta-state can be written.) With I(write), proves that the run could record what it applies. A probe file
+    is created, fsynced and removed in the meta-state directory (in a temporary directory of the configuration
+    root while it does not exist yet), no meta-state file may be immutable, and the store's lock is taken and
+    released. An unwritable directory (permissions, a read-only mount, C(chattr +i)) or a file where the directory
+    belongs fails the run here, naming the directory, instead of after the apply.
+  - Leaves nothing behind but the store's own lock file (which every meta-state write keeps).
+extends_documentation_fragment:
+  - csis.infra.controller.config_root
+options:
+  write:
+    description:
+      - Check that meta-state can be written and locked. Turn it off for runs that cannot apply anything and
+        so never record (an AWX plan job).
+    type: bool
+    default: true
+  lock_timeout:
+    description: Seconds to wait for the meta-state lock while another run holds it.
+    type: float
+    default: 120
+attributes:
+  check_mode:
+    support: full
+    details: The reads and the drift check run; the write probe and the lock are skipped (C(meta_state.writable) is null).
+"""
+
+EXAMPLES = r"""
+- name: Refuse to start while the state report holds HARD drift or meta-state cannot be recorded
+  csis.infra.csis_preflight:
+    config_root: "{{ csis_config_root | ansible.builtin.realpath }}"
+  register: preflight
+
+- name: A plan-only run never records, so only the reads
+  csis.infra.csis_preflight:
+    config_root: examples
+    write: false
+"""
+
+RETURN = r"""
+hard_drift:
+  description: The HARD lines of the last state report, each C({kind, name, drift, detail, hard}) (empty when none).
+  returned: always
+  type: list
+  elements: dict
+report:
+  description: The state report read (null when none was written yet).
+  returned: always
+  type: str
+meta_state:
+  description: What was found of meta-state.
+  returned: always
+  type: dict
+  contains:
+    path:
+      description: The meta-state directory.
+      type: str
+    exists:
+      description: Whether the directory exists (the first record creates it).
+      type: bool
+    files:
+      description: The meta-state files present (each one read and checked).
+      type: list
+      elements: str
+    writable:
+      description: True when the write probe and the lock succeeded, false when they failed, null when not checked.
+      type: bool
+problems:
+  description: Why the run must not start, one line each (also the message).
+  returned: failure
+  type: list
+  elements: str
+"""
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import preflight
+
+
+def main():
+    module = csis_module(
+        argument_spec=argument_spec(CONFIG_ROOT_ARGS, write=dict(type="bool", default=True),
+                                    lock_timeout=dict(type="float", default=120.0)),
+        requires=("PyYAML",),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        res = preflight(p["config_root"], write=p["write"] and not module.check_mode,
+                        lock_timeout=p["lock_timeout"], what="csis_preflight (write probe)")
+    except CsisError as exc:
+        fail_from(module, exc, **getattr(exc, "result", {}))
+    module.exit_json(changed=False, **res)
+
+
+if __name__ == "__main__":
+    main()

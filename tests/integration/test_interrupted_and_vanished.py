@@ -1,0 +1,158 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Issue 16, defects 1 and 2, reproduced as the issue describes them against real terraform,
+real ansible-playbook and the session's moto server. One EBS tree (no S3 bucket), applied
+once for the module; the tests run in file order and each leaves the tree as the next expects.
+
+1. A killed run keeps applying: ``kill -9 -- -<pgid>`` of ansible-playbook 2 s after
+   ``terraform apply`` appears. terraform runs under the role's ``csis-tf-supervise``, which
+   stops it gracefully (one SIGINT) once the controller is gone: no ``terraform apply`` is
+   left running, the state lock is released, and the next run converges and records.
+2. A vanished volume is silently re-created empty: the volume of a recorded active storage
+   is deleted out of band; the next storage run (no state query in between) stops before
+   the plan with the drift report's ``missing ... [HARD]`` line, creates nothing and writes
+   no meta-state.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import e2e  # noqa: E402
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
+                       reason="needs terraform on PATH and the project venv"),
+]
+
+EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+
+
+def overlays(ep):
+    return [ep.overlay_path, e2e.APPLY_ALL]
+
+
+def records(root):
+    return e2e.meta(root, "storage-state.yaml").get("storages") or {}
+
+
+def volumes_of(ep, vid):
+    try:
+        return ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"]
+    except Exception as exc:  # noqa: BLE001  (moto: InvalidVolume.NotFound)
+        if "NotFound" in str(exc):
+            return []
+        raise
+
+
+def lock_objects(ep, key):
+    return [o["Key"] for o in ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s/" % key)
+            .get("Contents", []) if o["Key"].endswith(".tflock")]
+
+
+@pytest.fixture(scope="module")
+def tree(moto_endpoint, tmp_path_factory):
+    parent = str(tmp_path_factory.mktemp("interrupted"))
+    key = "int-%s" % uuid.uuid4().hex[:8]
+    root = e2e.make_ebs_tree(parent, key)
+    run = e2e.run_playbook("storage.yml", root, moto_endpoint.env, overlays=overlays(moto_endpoint),
+                           log=os.path.join(parent, "first.log"))
+    assert run.rc == 0, run.tail()
+    return SimpleNamespace(root=root, key=key, root_dir=os.path.realpath(os.path.join(root, EBS_ROOT)),
+                           log=lambda n: os.path.join(parent, n))
+
+
+def test_killed_run_does_not_leave_terraform_applying(tree, moto_endpoint):
+    ep = moto_endpoint
+    storages = os.path.join(tree.root, "storages", "storage0.yaml")
+    doc = e2e.read_yaml(storages)
+    doc["storages"].append({"name": "p1", "mount_point": "/mnt/p1", "groups": ["coops"], "state": "active"})
+    e2e.write_yaml(storages, doc)
+
+    def applying(p):
+        return e2e.is_terraform_apply(p) and os.path.realpath(p["cwd"]) == tree.root_dir
+
+    proc = e2e.start_playbook("storage.yml", tree.root, ep.env, tree.log("killed.log"), overlays=overlays(ep))
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and proc.poll() is None and not e2e.processes(applying):
+        time.sleep(0.2)
+    assert e2e.processes(applying), open(tree.log("killed.log"), encoding="utf-8").read()[-4000:]
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)          # kill -9 -- -<pgid>, as the issue does
+    proc.wait()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 120 and e2e.processes(applying):
+        time.sleep(0.5)
+    left = e2e.processes(applying)
+    assert not left, "terraform apply still running %.0f s after the kill: %r" % (time.monotonic() - t0, left)
+    assert not lock_objects(ep, tree.key), "the stopped apply left its state lock"
+    assert "p1" not in records(tree.root)
+
+    rerun = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("after-kill.log"))
+    assert rerun.rc == 0, rerun.tail()
+    recs = records(tree.root)
+    assert recs["p1"]["state"] == "active"
+    state_ids = e2e.state_ids(e2e.tf_state_pull(tree.root_dir, ep.env), "aws_ebs_volume")
+    assert {recs["p1"]["facts"]["volume_id"], recs["mnt_data"]["facts"]["volume_id"]} == set(state_ids)
+    for vid in state_ids:
+        assert volumes_of(ep, vid)
+
+
+def all_volume_ids(ep):
+    return {v["VolumeId"] for v in ep.client("ec2").describe_volumes()["Volumes"]}
+
+
+def test_vanished_volume_is_not_recreated_empty(tree, moto_endpoint):
+    ep = moto_endpoint
+    gone = records(tree.root)["p1"]["facts"]["volume_id"]
+    ep.client("ec2").delete_volume(VolumeId=gone)             # out of band; no state query afterwards
+    before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep)
+    run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("vanished.log"))
+    assert run.rc != 0
+    line = "missing  storage  p1: recorded active but not found in reality (volume %s) [HARD]" % gone
+    assert line in run.out, run.tail()
+    assert "playbooks/forget.yml -e forget_storage=p1" in run.out
+    assert "Plan to a plan file" not in run.out
+    assert all_volume_ids(ep) == vols                         # nothing created
+    assert e2e.meta_state_digest(tree.root) == before         # nothing recorded
+
+    # the operator says "gone for good": forget, then the next run creates and records a new volume
+    forget = e2e.run_playbook("forget.yml", tree.root, ep.env, overlays=[ep.overlay_path],
+                              extra_vars={"forget_storage": "p1"}, log=tree.log("forget.log"))
+    assert forget.rc == 0, forget.tail()
+    again = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("recreated.log"))
+    assert again.rc == 0, again.tail()
+    assert e2e.plan_summaries(again.out)["storage-aws-ebs"].startswith("Plan: 1 to add, 0 to change, 0 to destroy")
+    new = records(tree.root)["p1"]["facts"]["volume_id"]
+    assert new != gone and volumes_of(ep, new)
+
+
+def test_gate_refuses_to_create_a_recorded_storage(tree, moto_endpoint):
+    """The volume exists but the terraform state lost it: the reality check passes, the plan
+    creates the recorded storage again, and the gate refuses it."""
+    import subprocess
+
+    sys.path.insert(0, os.path.join(e2e.REPO, ".venv", "collections"))
+    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
+
+    ep = moto_endpoint
+    address = "module.storage_p1.aws_ebs_volume.this"
+    subprocess.run(["terraform", "state", "rm", address], cwd=tree.root_dir, check=True, capture_output=True,
+                   env=terraform_env(e2e.run_env(ep.env)))
+    before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep)
+    run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("state-lost.log"))
+    assert run.rc != 0
+    assert "RECORDED STORAGE WOULD BE CREATED: %s" % address in run.out, run.tail()
+    assert "Apply exactly that plan file" not in run.out
+    assert all_volume_ids(ep) == vols
+    assert e2e.meta_state_digest(tree.root) == before

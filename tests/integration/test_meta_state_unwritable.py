@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Issue 16, defect 4: meta-state writability used to be found out after the apply.
+
+The reproduction of the issue (real ansible-playbook, real terraform, the session's moto
+server): the meta-state directory of a fresh EBS tree is made immutable (``chattr +i``: root
+ignores permission bits, not the attribute), then ``storage.yml`` runs for real with every
+apply flag on. It used to create the volume, then fail at the record with ``cannot write:
+Operation not permitted``. Now the run's preflight (``csis.infra.csis_preflight``, before
+anything is rendered) stops it, naming the directory; nothing is rendered, planned or
+created at the endpoint, and nothing is left in the directory.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import e2e  # noqa: E402
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
+                       reason="needs terraform on PATH and the project venv"),
+]
+
+
+def _chattr(flag, path):
+    return subprocess.run(["chattr", flag, path], capture_output=True, text=True, check=False)
+
+
+def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint, tmp_path):
+    ep = moto_endpoint
+    key = "unwritable-%s" % uuid.uuid4().hex[:8]
+    root = e2e.make_ebs_tree(str(tmp_path), key)
+    meta_dir = os.path.join(root, "meta-state")
+    os.makedirs(meta_dir)
+    if os.geteuid() != 0 or shutil.which("chattr") is None or _chattr("+i", meta_dir).returncode != 0:
+        pytest.skip("chattr +i does not work here (not root, or the file system has no attributes)")
+    ec2 = ep.client("ec2")
+    volumes_before = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
+    try:
+        run = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
+                               log=os.path.join(str(tmp_path), "storage.log"))
+    finally:
+        _chattr("-i", meta_dir)
+    assert run.rc != 0, run.tail()
+    flat = " ".join(run.out.split())
+    assert ("meta-state: the directory %s cannot be written: Operation not permitted; a real run records in "
+            "meta-state what it applies, so it stops before planning anything" % meta_dir) in flat, run.tail()
+    assert "TASK [csis.infra.render : Refuse to start while the state report holds HARD drift" in run.out
+    # stopped before the render: nothing rendered, planned, applied or recorded
+    assert "TASK [csis.infra.render : Render the storage roots]" not in run.out
+    assert "Plan to a plan file" not in run.out and "Apply exactly that plan file" not in run.out
+    assert not os.path.exists(os.path.join(root, "generated", "storage"))
+    assert os.listdir(meta_dir) == []
+    # nothing at the endpoint: no new volume, no state object under the tree's key
+    assert {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]} <= volumes_before
+    objects = ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s" % key).get("Contents", [])
+    assert objects == []

@@ -1,0 +1,258 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What a real run checks before it plans (state/preflight.py, MetaState.check_writable), the
+ephemeral machines to verify (state/ephemeral.py) and the message of a record that fails after
+an apply (state/record.py). Library level, real files, no AWS."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+
+import pytest
+import yaml
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import ephemeral, preflight, record
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, MetaStateError, NotWritable
+
+
+def write_meta(root, name, data):
+    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
+    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh)
+
+
+def write_report(root, drift):
+    os.makedirs(os.path.join(root, "generated"), exist_ok=True)
+    with open(os.path.join(root, "generated", "state-report.json"), "w", encoding="utf-8") as fh:
+        json.dump({"run": "r1", "drift": drift}, fh)
+
+
+def listing(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, dirs, files in os.walk(root) for f in files + dirs)
+
+
+def _chattr_works(tmp_path):
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        return False
+    probe = tmp_path / "chattr-probe"
+    probe.mkdir()
+    ok = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, check=False).returncode == 0
+    if ok:
+        subprocess.run(["chattr", "-i", str(probe)], check=True)
+    probe.rmdir()
+    return ok
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """chattr +i on a path for the test's duration (skips where chattr does not work)."""
+    if not _chattr_works(tmp_path):
+        pytest.skip("chattr +i does not work here (not root, or the file system has no attributes)")
+    done = []
+
+    def make(path):
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+        done.append(path)
+
+    yield make
+    for path in done:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+MISSING = {"kind": "storage", "name": "mnt_data", "drift": "missing", "hard": True,
+           "detail": "recorded active but not found in reality (volume vol-1)"}
+STALE = {"kind": "storage", "name": "old", "drift": "stale", "hard": False, "detail": "leftover"}
+
+
+# --------------------------------------------------------------------------- HARD drift
+def test_no_report_and_an_empty_tree_start(tmp_path):
+    root = str(tmp_path)
+    res = preflight.preflight(root)
+    assert res["hard_drift"] == [] and res["report"] is None
+    assert res["meta_state"] == {"path": os.path.join(root, "meta-state"), "exists": False, "files": [],
+                                 "writable": True}
+    assert listing(root) == []  # the probe of a missing meta-state left nothing
+
+
+def test_hard_lines_refuse_with_the_reference_message_and_soft_lines_do_not(tmp_path):
+    root = str(tmp_path)
+    write_report(root, [STALE])
+    assert preflight.preflight(root)["report"].endswith("generated/state-report.json")
+    write_report(root, [STALE, MISSING])
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.preflight(root)
+    assert str(err.value) == ("state: missing storage mnt_data: recorded active but not found in reality "
+                              "(volume vol-1) (from state-report.json; re-run 'state query' after fixing)")
+    assert err.value.result["hard_drift"] == [MISSING]
+    assert err.value.result["meta_state"]["writable"] is True  # checked as well: every finding at once
+
+
+def test_a_report_that_cannot_be_read_refuses(tmp_path):
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "generated"))
+    with open(os.path.join(root, "generated", "state-report.json"), "w", encoding="utf-8") as fh:
+        fh.write('{"drift": [')
+    with pytest.raises(preflight.PreflightError, match=r"state-report.json: cannot be read .*run 'state query' again"):
+        preflight.preflight(root)
+
+
+# --------------------------------------------------------------------------- meta-state
+def test_an_existing_meta_state_is_read_probed_and_locked_leaving_nothing(tmp_path):
+    root = str(tmp_path)
+    write_meta(root, "storage-state.yaml", {"storages": {}})
+    before = listing(root)
+    res = preflight.meta_state(root)
+    assert res["writable"] is True and res["exists"] is True and res["files"] == ["storage-state.yaml"]
+    # no probe left; only the store's own lock file, which every transaction keeps
+    assert [p for p in listing(root) if p not in before] == ["meta-state/.lock"]
+    assert open(os.path.join(root, "meta-state", ".lock"), encoding="utf-8").read() == ""
+
+
+def test_a_damaged_meta_state_file_refuses_naming_it(tmp_path):
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "meta-state"))
+    open(os.path.join(root, "meta-state", "launch-params.yaml"), "w").close()
+    with pytest.raises(preflight.PreflightError, match=r"meta-state/launch-params.yaml: is empty"):
+        preflight.preflight(root)
+
+
+def test_meta_state_that_is_a_file_refuses_naming_the_path(tmp_path):
+    root = str(tmp_path)
+    open(os.path.join(root, "meta-state"), "w").close()
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.preflight(root)
+    assert "%s is not a directory" % os.path.join(root, "meta-state") in str(err.value)
+    assert "stops before planning anything" in str(err.value)
+    assert err.value.result["meta_state"]["writable"] is False
+
+
+def test_an_immutable_meta_state_directory_refuses_naming_it(tmp_path, immutable):
+    root = str(tmp_path)
+    write_meta(root, "storage-state.yaml", {"storages": {}})
+    immutable(tmp_path / "meta-state")
+    with pytest.raises(NotWritable) as err:
+        MetaState(root).check_writable()
+    assert str(err.value) == ("meta-state: the directory %s cannot be written: Operation not permitted"
+                              % os.path.join(root, "meta-state"))
+    with pytest.raises(preflight.PreflightError, match="make it writable"):
+        preflight.preflight(root)
+    # a plan-only run never records: the reads pass
+    assert preflight.preflight(root, write=False)["meta_state"]["writable"] is None
+
+
+def test_an_immutable_meta_state_file_refuses_naming_it(tmp_path, immutable):
+    root = str(tmp_path)
+    write_meta(root, "storage-state.yaml", {"storages": {}})
+    immutable(tmp_path / "meta-state" / "storage-state.yaml")
+    with pytest.raises(NotWritable, match=r"meta-state/storage-state.yaml: .* is immutable or append-only"):
+        MetaState(root).check_writable()
+
+
+def test_a_missing_meta_state_under_an_unwritable_root_refuses(tmp_path, immutable):
+    root = tmp_path / "cfg"
+    root.mkdir()
+    immutable(root)
+    with pytest.raises(NotWritable, match=r"cfg/meta-state \(it does not exist yet and cannot be created in "
+                                          r".*cfg\) cannot be written: Operation not permitted"):
+        MetaState(str(root)).check_writable()
+
+
+def test_a_held_lock_is_waited_for_then_named(tmp_path):
+    root = str(tmp_path)
+    write_meta(root, "storage-state.yaml", {"storages": {}})
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with MetaState(root).transaction("the other run"):
+            entered.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert entered.wait(10)
+        with pytest.raises(MetaStateError, match="meta-state is locked by .*the other run"):
+            MetaState(root, lock_timeout=0.2).check_writable()
+    finally:
+        leave.set()
+        t.join()
+    assert MetaState(root, lock_timeout=0.2).check_writable()["exists"] is True
+
+
+# --------------------------------------------------------------------------- ephemeral targets
+def eph_root():
+    return {"key": "instance-image-x", "ephemeral": ["e1", "e2", "e3", "e4"], "instances": {
+        "e1": {"on_failure": "keep", "skip_verify": False},
+        "e2": {"on_failure": "teardown", "skip_verify": True, "skip_reason": "Ephemeral instance e2: elapsed"},
+        "e3": {"on_failure": "keep"},
+        "e4": {"on_failure": "teardown"},
+        "durable": {}}}
+
+
+def test_ephemeral_targets_from_the_record_the_policies_and_meta_state(tmp_path):
+    root = str(tmp_path)
+    write_meta(root, "launch-params.yaml", {"instances": {n: {"launched": True} for n in ("e1", "e2", "e4")}})
+    write_meta(root, "instance-state.yaml", {"instances": {
+        "e1": {"generation": {"ephemeral": 1}, "current": {"number": 1, "kind": "ephemeral", "instance_id": "i-1",
+                                                           "private_ip": "10.0.0.1"}},
+        "e4": {"generation": {"ephemeral": 1}, "current": {"number": 1, "kind": "ephemeral", "instance_id": "i-4"}}}})
+    got = ephemeral.targets(root, eph_root(), recorded={"e1": "launched", "e2": "standing", "e3": "ephemeral",
+                                                        "e4": "standing", "durable": "standing"},
+                            connection="ssh", defaults={"ansible_user": "ops", "csis_verify_fs_root": "/"},
+                            per_host={"e4": {"ansible_connection": "local", "csis_verify_fs_root": "/srv/e4"}})
+    assert got["standing"] == ["e1", "e2", "e4"]
+    assert got["skipped"] == [{"name": "e2", "reason": "Ephemeral instance e2: elapsed"}]
+    assert got["keep_on_failure"] == ["e1", "e3"]
+    assert got["verify"] == [
+        {"name": "e1", "address": "10.0.0.1", "connection": "ssh", "instance_id": "i-1",
+         "vars": {"ansible_user": "ops", "csis_verify_fs_root": "/"}},
+        {"name": "e4", "address": "e4", "connection": "local", "instance_id": "i-4",
+         "vars": {"ansible_user": "ops", "csis_verify_fs_root": "/srv/e4", "ansible_connection": "local"}},
+    ]
+    assert got["host_vars"] == [
+        {"host": "e1", "key": "ansible_user", "value": "ops"}, {"host": "e1", "key": "csis_verify_fs_root", "value": "/"},
+        {"host": "e4", "key": "ansible_user", "value": "ops"},
+        {"host": "e4", "key": "csis_verify_fs_root", "value": "/srv/e4"},
+        {"host": "e4", "key": "ansible_connection", "value": "local"}]
+
+
+def test_ephemeral_targets_read_meta_state_through_the_store(tmp_path):
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "meta-state"))
+    open(os.path.join(root, "meta-state", "instance-state.yaml"), "w").close()  # truncated to nothing
+    with pytest.raises(MetaStateError, match="instance-state.yaml: is empty"):
+        ephemeral.targets(root, eph_root(), recorded={"e1": "launched"})
+    # nothing standing to verify: nothing read
+    got = ephemeral.targets(root, eph_root(), recorded={"e2": "standing"})
+    assert got["standing"] == ["e2"] and got["verify"] == [] and got["host_vars"] == []
+
+
+# --------------------------------------------------------------------------- a record that fails after the apply
+STORAGE_ROOT = {"key": "storage-aws-ebs", "directory": "/gen/storage/aws-ebs/storage", "builder": "aws-ebs",
+                "lifecycle": "storage", "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs",
+                                                                  "address": "module.storage_mnt_data"}}}
+STATE = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
+                        "name": "this", "instances": [{"attributes": {"id": "vol-0abc", "size": 100,
+                                                                      "availability_zone": "us-east-2a"}}]}]}
+
+
+def test_a_failed_record_names_what_was_applied_and_that_a_re_run_records_it(tmp_path):
+    root = str(tmp_path)
+    open(os.path.join(root, "meta-state"), "w").close()  # meta-state cannot be created
+    with pytest.raises(record.RecordError) as err:
+        record.record_root(root, STORAGE_ROOT, "r1", state=STATE, applied="Plan: 1 to add, 0 to change, 0 to destroy")
+    msg = str(err.value)
+    assert msg.startswith("storage-aws-ebs: the apply happened (Plan: 1 to add, 0 to change, 0 to destroy, in "
+                          "/gen/storage/aws-ebs/storage) and terraform state holds its result (storage mnt_data: "
+                          "aws_ebs_volume vol-0abc), but recording it in meta-state failed: meta-state: cannot "
+                          "create the directory"), msg
+    assert msg.endswith("Nothing applied is lost: once meta-state can be written again, run the same playbook "
+                        "again; its plan shows no change for what was applied and its record step records what "
+                        "the state holds.")
+    with pytest.raises(record.RecordError, match=r"^storage-aws-ebs: recording what terraform state holds "
+                                                 r"\(storage mnt_data: not in the state\) in meta-state failed"):
+        record.record_root(root, STORAGE_ROOT, "r1", state={"resources": []})
