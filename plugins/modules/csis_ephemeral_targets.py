@@ -106,28 +106,23 @@ keep_on_failure:
   elements: str
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ephemeral import targets
 
 
+def _targets(module, p):
+    res = targets(p["config_root"], p["root"], recorded=p["recorded"], connection=p["connection"],
+                  defaults=p["defaults"], per_host=p["host_vars"])
+    return dict(res, changed=False)
+
+
 def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True),
-                                    recorded=dict(type="dict", default={}),
-                                    connection=dict(type="str", default="ssh"),
-                                    defaults=dict(type="dict", default={}),
-                                    host_vars=dict(type="dict", default={})),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        res = targets(p["config_root"], p["root"], recorded=p["recorded"], connection=p["connection"],
-                      defaults=p["defaults"], per_host=p["host_vars"])
-    except CsisError as exc:
-        fail_from(module, exc)
-    module.exit_json(changed=False, **res)
+    run_module(_targets, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True),
+                                       recorded=dict(type="dict", default={}),
+                                       connection=dict(type="str", default="ssh"),
+                                       defaults=dict(type="dict", default={}),
+                                       host_vars=dict(type="dict", default={})),
+               requires=("PyYAML",), supports_check_mode=True)
 
 
 if __name__ == "__main__":
