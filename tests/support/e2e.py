@@ -158,8 +158,13 @@ def run_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str
                  args: Sequence[str] = (), timeout: float = 1800, log: Optional[str] = None) -> Run:
     """Run one playbook to the end (stdin is not a terminal); returns rc, output and duration."""
     argv = playbook_argv(playbook, config_root, overlays, dry_run, auto_approve, extra_vars, args)
+    return run_to_end(argv, run_env(endpoint_env, env), timeout, log)
+
+
+def run_to_end(argv: List[str], env: Mapping[str, str], timeout: float, log: Optional[str]) -> Run:
+    """Run ``argv`` from the repository root with no standard input; keep its output (in ``log`` too)."""
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=run_env(endpoint_env, env), stdin=subprocess.DEVNULL,
+    proc = subprocess.run(argv, cwd=REPO, env=dict(env), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
     out = proc.stdout.decode("utf-8", "replace")
     if log:
@@ -175,14 +180,7 @@ def run_demo(demo_dir: str, endpoint_env: Mapping[str, str], aws_dir: str, timeo
     server: ``local-aws up`` re-uses a running one)."""
     argv = [os.path.join(REPO, "scripts", "demo")]
     extra = {"CSIS_DEMO_DIR": demo_dir, "CSIS_LOCAL_AWS_DIR": aws_dir}
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=run_env(endpoint_env, extra), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    out = proc.stdout.decode("utf-8", "replace")
-    if log:
-        with open(log, "w", encoding="utf-8") as fh:
-            fh.write(out)
-    return Run(argv, proc.returncode, out, time.monotonic() - t0)
+    return run_to_end(argv, run_env(endpoint_env, extra), timeout, log)
 
 
 def checkout_fingerprint() -> Dict[str, Any]:

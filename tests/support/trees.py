@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import List
+from typing import Any, Callable, List
+
+import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
@@ -42,3 +44,20 @@ def copy_as_shipped(src: str, dest: str, keep_meta_state: bool = False) -> str:
 
     shutil.copytree(top, dest, symlinks=True, ignore=ignore)
     return dest
+
+
+def write_meta(root: str, name: str, data: Any) -> None:
+    """Write a meta-state file by hand, as a test's starting point (not through the store)."""
+    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
+    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh)
+
+
+def edit_yaml(root: str, rel: str, change: Callable[[Any], None]) -> None:
+    """Load ``<root>/<rel>``, let ``change`` edit the data in place, write it back."""
+    path = os.path.join(root, rel)
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    change(data)
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)

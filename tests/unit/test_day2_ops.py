@@ -9,17 +9,11 @@ import json
 import os
 
 import pytest
-import yaml
+from trees import write_meta  # noqa: E402  (tests/support)
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import receipts, unmount
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import record, verify
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
-
-
-def write_meta(root, name, data):
-    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
-    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(data, fh)
 
 
 # --------------------------------------------------------------------------- unmount

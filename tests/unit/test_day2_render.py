@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import yaml
+from trees import edit_yaml as edit, write_meta  # noqa: E402  (tests/support)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs"))
 import corpus  # noqa: E402
@@ -34,21 +35,6 @@ def launched(name, mounts=(), ephemeral=False, image="imgfile-basic-dask"):
 
 MNT = {"builder": "aws-ebs", "device": "/dev/xvdf", "group": "coops", "mount_point": "/mnt/data",
        "public_read": False, "share_mode": "2770", "storage": "mnt_data", "type": "ebs"}
-
-
-def write_meta(root, name, data):
-    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
-    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(data, fh)
-
-
-def edit(root, rel, fn):
-    p = os.path.join(root, rel)
-    with open(p, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    fn(data)
-    with open(p, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
 
 
 @pytest.fixture

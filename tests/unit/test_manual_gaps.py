@@ -10,7 +10,7 @@ import os
 import sys
 
 import pytest
-import yaml
+from trees import edit_yaml as edit, write_meta  # noqa: E402  (tests/support)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bad_inputs"))
 import corpus  # noqa: E402
@@ -24,21 +24,6 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.render.roots impor
 
 RT = "aws-east2-runtime"
 RELEASED, HEAD, OTHER = "ami-0000000000000aaa1", "ami-0000000000000ccc2", "ami-0000000000000ddd3"
-
-
-def write_meta(root, name, data):
-    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
-    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(data, fh)
-
-
-def edit(root, rel, fn):
-    p = os.path.join(root, rel)
-    with open(p, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    fn(data)
-    with open(p, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
 
 
 @pytest.fixture

@@ -13,16 +13,10 @@ import subprocess
 import threading
 
 import pytest
-import yaml
+from trees import write_meta  # noqa: E402  (tests/support)
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import ephemeral, preflight, record
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, MetaStateError, NotWritable
-
-
-def write_meta(root, name, data):
-    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
-    with open(os.path.join(root, "meta-state", name), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(data, fh)
 
 
 def write_report(root, drift):
