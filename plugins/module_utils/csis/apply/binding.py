@@ -286,6 +286,22 @@ def verify_binding(project_path: str, plan_file: str = "tfplan") -> Dict[str, An
     }
 
 
+def record_plan(plan_path: str, binding: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
+    """Record in the binding what terraform said of the plan it wrote (``plan``: plan_sha256,
+    empty, exit_code; :func:`.tfplan.make_plan`)."""
+    record = dict(binding)
+    record["plan"] = dict({"time": now()}, **plan)
+    write_json_atomic(binding_path(plan_path), record)
+
+
+def planned_empty(binding: Mapping[str, Any], plan_sha256: str) -> bool:
+    """True when terraform itself said (``-detailed-exitcode`` 0) that this very plan file holds
+    no changes: the binding's plan record names these bytes. Anything else is not trusted."""
+    plan = binding.get("plan")
+    return (isinstance(plan, dict) and plan.get("empty") is True and plan.get("exit_code") == 0
+            and bool(plan_sha256) and plan.get("plan_sha256") == plan_sha256)
+
+
 def record_gate(plan_path: str, binding: Mapping[str, Any], gate: Mapping[str, Any]) -> None:
     """Record in the binding that the gate passed the plan (``gate``: plan_sha256, verdict...)."""
     record = dict(binding)

@@ -16,10 +16,14 @@ from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional
 
 from ..errors import GateError, GateRefused
 from ..terraform import show_json
-from .binding import (binding_mismatch, binding_path, clear_gate, missing_plan_message, plan_path_of, read_binding,
-                      record_gate, root_files, sha256_file, stale_root_message)
+from .binding import (binding_mismatch, binding_path, clear_gate, missing_plan_message, plan_path_of, planned_empty,
+                      read_binding, record_gate, root_files, sha256_file, stale_root_message)
 from .plan_verdict import evaluate_plan, plan_content_digest, plan_diff
 from .receipts import RECEIPTS_DIR, check_receipts
+
+
+#: what ``show -json`` holds of an empty plan, as far as the gate reads it
+EMPTY_PLAN: Dict[str, Any] = {"format_version": "1.2", "resource_changes": [], "errored": False}
 
 
 def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None, *,
@@ -91,7 +95,9 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     if stale:
         refuse(problems + [stale])
     sha_before = sha256_file(plan_path)
-    plan = show_json(plan_path, root, binary_path, env)
+    # terraform said this very plan is empty (csis_plan): nothing to read, no provider to start
+    result["show_skipped"] = planned_empty(binding, sha_before)
+    plan = EMPTY_PLAN if result["show_skipped"] else show_json(plan_path, root, binary_path, env)
     sha_after = sha256_file(plan_path)
     if sha_before != sha_after:
         refuse(problems + ["STALE PLANFILE: %s changed while the gate read it" % plan_file])

@@ -1,0 +1,116 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The plan step: open the binding, run ``terraform plan -out`` once, record what terraform said.
+
+One terraform process per plan (``plan -input=false -detailed-exitcode -out=<plan>``), where
+``community.general.terraform state=planned`` ran five (``version``, ``validate``, ``workspace
+list``, ``plan``, ``output``). The root was validated when it was rendered, the collection
+uses no workspaces and the plan's outputs are read by nobody.
+
+``-detailed-exitcode`` tells an empty plan (exit 0) from one with changes (exit 2). The binding
+(:mod:`.binding`) records that answer with the plan file's sha256; the gate trusts "empty" only
+for those very bytes and then needs no ``show -json`` (a second provider start). Any other
+plan goes through ``show -json`` as before.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ..terraform import TerraformError, terraform_env
+from .binding import open_binding, plan_path_of, read_binding, record_plan, sha256_file
+
+_SUMMARY = re.compile(r"^(Plan: .*|No changes\..*)$", re.M)
+
+
+def var_args(variables: Optional[Mapping[str, Any]]) -> List[str]:
+    """``-var name=value`` pairs: strings as they are, booleans as ``true``/``false``, numbers,
+    lists and maps as JSON (which terraform reads as HCL expressions)."""
+    out: List[str] = []
+    for name, value in sorted((variables or {}).items()):
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = json.dumps(value, sort_keys=True)
+        out += ["-var", "%s=%s" % (name, text)]
+    return out
+
+
+def plan_argv(binary: str, plan_path: str, variables: Optional[Mapping[str, Any]] = None,
+              replace: Sequence[str] = ()) -> List[str]:
+    return ([binary, "plan", "-input=false", "-no-color", "-detailed-exitcode", "-out=%s" % plan_path]
+            + ["-replace=%s" % a for a in replace] + var_args(variables))
+
+
+def summary_of(stdout: str, empty: bool) -> str:
+    """terraform's own one-line summary (``Plan: 1 to add, ...`` / ``No changes. ...``)."""
+    found = _SUMMARY.findall(stdout or "")
+    if found:
+        return found[-1].strip()
+    return "No changes." if empty else "changes planned"
+
+
+def run_bounded(argv: Sequence[str], cwd: str, env: Mapping[str, str], timeout: Optional[float],
+                what: str) -> subprocess.CompletedProcess:
+    """Run ``argv``; past ``timeout`` seconds stop it as terraform wants to be stopped (SIGINT:
+    it releases its state lock), then SIGKILL 30 s later, and raise :class:`TerraformError`."""
+    try:
+        proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise TerraformError("%s: cannot run %s: %s" % (cwd, argv[0], exc)) from exc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise TerraformError("%s: %s did not finish within %s s (csis_tf_timeout) and was stopped: %s"
+                             % (cwd, what, timeout, (err or out or "").strip()[-1500:]))
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "terraform", *,
+              variables: Optional[Mapping[str, Any]] = None, replace: Sequence[str] = (),
+              env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+              check_mode: bool = False) -> Dict[str, Any]:
+    """Open the plan binding, plan to ``plan_file``, record terraform's answer in the binding.
+
+    Raises :class:`TerraformError` when terraform fails (exit 1), times out or cannot start;
+    the binding then records no plan and the gate refuses whatever plan file is there.
+    In check mode nothing is written and terraform does not run.
+    """
+    root = os.path.abspath(project_path)
+    plan_path = plan_path_of(root, plan_file)
+    opened = open_binding(root, plan_file, check_mode=check_mode)
+    argv = plan_argv(binary_path, plan_path, variables, replace)
+    result: Dict[str, Any] = {"changed": not check_mode, "plan_file": plan_path, "binding": opened["binding"],
+                              "cmd": " ".join([os.path.basename(binary_path)] + argv[1:])}
+    if check_mode:
+        result.update(changes=None, summary="(check mode: not planned)")
+        return result
+    t0 = time.monotonic()
+    proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ), timeout, "terraform plan")
+    seconds = round(time.monotonic() - t0, 2)
+    if proc.returncode not in (0, 2) or not os.path.isfile(plan_path):
+        err = (proc.stderr or proc.stdout or "").strip()[-3000:]
+        raise TerraformError("%s: terraform plan failed (exit %d): %s" % (root, proc.returncode, err))
+    empty = proc.returncode == 0
+    sha = sha256_file(plan_path)
+    binding = read_binding(plan_path)
+    if binding is not None:
+        record_plan(plan_path, binding, {"plan_sha256": sha, "empty": empty, "exit_code": proc.returncode})
+    result.update(changes=not empty, summary=summary_of(proc.stdout, empty), plan_sha256=sha,
+                  seconds=seconds, stdout=proc.stdout[-4000:], stderr=proc.stderr[-2000:])
+    return result

@@ -1,0 +1,149 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: csis_plan
+short_description: Open the plan binding and plan a terraform root to a plan file, with one terraform call
+version_added: 0.1.0
+description:
+  - Opens the plan binding exactly as M(csis.infra.csis_plan_binding) O(csis.infra.csis_plan_binding#module:state=opened)
+    does (the old plan file and binding are deleted, the root's files are hashed), then runs
+    C(<binary_path> plan -input=false -no-color -detailed-exitcode -out=<plan_file>) once in O(project_path).
+  - >-
+    Records in the binding what terraform said of the plan (exit code 0: no changes; 2: changes) together
+    with the plan file's sha256. M(csis.infra.csis_gate_plan) trusts "no changes" only for those very bytes and
+    then skips C(show -json); every other plan is read in full.
+  - Where C(community.general.terraform) O(community.general.terraform#module:state=planned) runs C(version),
+    C(validate), C(workspace list), C(plan) and C(output), this runs the plan alone. The roots
+    M(csis.infra.csis_render) writes were validated when they were rendered and use no workspaces.
+    The apply still runs through C(community.general.terraform) with the exact plan file.
+  - Secrets go in C(TF_VAR_*) environment variables, never in O(variables) (they would show in the command line).
+extends_documentation_fragment:
+  - csis.infra.controller
+options:
+  project_path:
+    description: The initialised terraform root.
+    type: path
+    required: true
+  plan_file:
+    description: The plan file to write, relative to O(project_path) unless absolute.
+    type: path
+    default: tfplan
+  binary_path:
+    description:
+      - The terraform or OpenTofu executable, or a wrapper with the same command line (the
+        C(csis.infra.tofu_root) role passes its C(csis-tf-supervise), which stops terraform when the run dies).
+    type: str
+    default: terraform
+  variables:
+    description:
+      - C(-var name=value) values. Strings are passed as they are, booleans as C(true)/C(false),
+        numbers, lists and dictionaries as JSON.
+    type: dict
+    default: {}
+  replace:
+    description: Resource addresses to plan as replaced (C(-replace=<address>)).
+    type: list
+    elements: str
+    default: []
+  timeout:
+    description:
+      - Seconds the plan may take. Past them terraform is interrupted (SIGINT, so it releases its state
+        lock; SIGKILL 30 s later) and the module fails naming the timeout. V(0) waits without limit.
+    type: int
+    default: 0
+notes:
+  - In check mode neither the binding nor the plan is written and terraform does not run.
+seealso:
+  - module: csis.infra.csis_gate_plan
+    description: Gates the plan this module wrote.
+  - module: csis.infra.csis_plan_binding
+    description: The binding this module opens; verifies it before the apply.
+  - module: community.general.terraform
+    description: Applies the exact plan file.
+attributes:
+  check_mode:
+    support: full
+    details: Nothing is planned or written.
+  diff_mode:
+    support: none
+'''
+
+EXAMPLES = r'''
+- name: Plan the root (binding opened, one terraform call)
+  csis.infra.csis_plan:
+    project_path: "{{ root_dir }}"
+    plan_file: tfplan
+    variables:
+      ephemeral_present: true
+    timeout: 1800
+  register: planned
+
+- name: Gate it (no show -json when terraform said the plan is empty)
+  csis.infra.csis_gate_plan:
+    project_path: "{{ root_dir }}"
+    plan_file: tfplan
+'''
+
+RETURN = r'''
+changes:
+  description: Whether terraform planned any change (C(-detailed-exitcode) 2). Null in check mode.
+  returned: always
+  type: bool
+summary:
+  description: "terraform's own summary line (C(Plan: 1 to add, 0 to change, 0 to destroy.) or C(No changes. ...))."
+  returned: always
+  type: str
+plan_file:
+  description: The absolute path of the plan file.
+  returned: always
+  type: str
+binding:
+  description: The binding file (C(<plan_file>.csis-binding.json)).
+  returned: always
+  type: str
+plan_sha256:
+  description: The sha256 of the plan file terraform wrote.
+  returned: when terraform ran
+  type: str
+seconds:
+  description: How long terraform took.
+  returned: when terraform ran
+  type: float
+cmd:
+  description: The terraform command line (variable values included; they are not secrets).
+  returned: always
+  type: str
+stdout:
+  description: The end of terraform's output.
+  returned: when terraform ran
+  type: str
+'''
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import make_plan
+
+
+def _plan(module, p):
+    return make_plan(p["project_path"], p["plan_file"], p["binary_path"], variables=p["variables"],
+                     replace=p["replace"], timeout=p["timeout"] or None, check_mode=module.check_mode)
+
+
+def main():
+    run_module(_plan, argument_spec(
+        project_path=dict(type="path", required=True),
+        plan_file=dict(type="path", default="tfplan"),
+        binary_path=dict(type="str", default="terraform"),
+        variables=dict(type="dict", default={}),
+        replace=dict(type="list", elements="str", default=[]),
+        timeout=dict(type="int", default=0),
+    ), failure={"prefix": "plan: ", "changed": False}, supports_check_mode=True)
+
+
+if __name__ == "__main__":
+    main()

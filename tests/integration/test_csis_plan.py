@@ -1,0 +1,151 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""csis_plan (one terraform call) and the gate's trust in an empty plan, with real terraform.
+
+No AWS: the root holds only ``terraform_data`` resources (built into terraform), local state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+_COLL = os.path.join(_REPO, ".venv", "collections")
+if _COLL not in [os.path.normpath(p) for p in sys.path]:
+    sys.path.insert(0, _COLL)
+
+import pytest  # noqa: E402
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import binding as b  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import plan_content_digest  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import make_plan  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import GateRefused  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import TerraformError, terraform_env  # noqa: E402
+
+PLAYBOOK_BIN = os.path.join(_REPO, ".venv", "bin", "ansible-playbook")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("terraform") is None, reason="needs terraform on PATH")]
+
+MAIN_TF = textwrap.dedent("""\
+    variable "n" {
+      type    = number
+      default = 1
+    }
+    variable "label" {
+      type    = string
+      default = "a"
+    }
+    resource "terraform_data" "one" {
+      input = "${var.label}-${var.n}"
+    }
+    """)
+
+
+def tf(root, *args):
+    return subprocess.run(["terraform"] + list(args), cwd=root, env=terraform_env(os.environ), capture_output=True,
+                          text=True, check=True)
+
+
+@pytest.fixture()
+def root(tmp_path):
+    d = tmp_path / "root"
+    d.mkdir()
+    (d / "main.tf").write_text(MAIN_TF)
+    tf(str(d), "init", "-input=false", "-no-color")
+    return str(d)
+
+
+def apply(root):
+    tf(root, "apply", "-input=false", "-no-color", "tfplan")
+
+
+def test_changes_then_empty_plan_skips_show_and_gate_agrees(root):
+    first = make_plan(root, variables={"n": 2, "label": "x"})
+    assert first["changes"] is True and first["summary"].startswith("Plan: 1 to add")
+    assert "-var" in first["cmd"] and "n=2" in first["cmd"]
+    gate = run_gate(root, "tfplan")
+    assert gate["show_skipped"] is False and gate["adds"] == 1
+    b.verify_binding(root, "tfplan")
+    apply(root)
+
+    second = make_plan(root, variables={"n": 2, "label": "x"})
+    assert second["changes"] is False and second["summary"].startswith("No changes.")
+    gate = run_gate(root, "tfplan")
+    assert gate["show_skipped"] is True
+    assert (gate["adds"], gate["changes"], gate["destroys"]) == (0, 0, 0)
+    # the digest an empty plan gets without show -json is the one show -json gives it
+    full = json.loads(tf(root, "show", "-json", "tfplan").stdout)
+    assert gate["plan_digest"] == plan_content_digest(full)
+
+
+def test_a_changed_plan_file_is_read_in_full_not_trusted_empty(root):
+    make_plan(root)
+    apply(root)
+    make_plan(root)  # empty, recorded as such for these bytes
+    other = os.path.join(os.path.dirname(root), "other")
+    shutil.copytree(root, other)
+    # a plan with a change, written over the empty one after the plan step
+    with open(os.path.join(other, "main.tf"), "a", encoding="utf-8") as fh:
+        fh.write('resource "terraform_data" "two" {\n  input = "b"\n}\n')
+    tf(other, "plan", "-input=false", "-no-color", "-out=tfplan")
+    shutil.copy(os.path.join(other, "tfplan"), os.path.join(root, "tfplan"))
+    gate = run_gate(root, "tfplan")
+    assert gate["show_skipped"] is False  # not the bytes terraform called empty: read in full
+
+
+def test_replace_is_planned_and_the_gate_refuses_it(root):
+    make_plan(root)
+    apply(root)
+    res = make_plan(root, replace=["terraform_data.one"])
+    assert res["changes"] is True and "1 to add" in res["summary"] and "1 to destroy" in res["summary"]
+    with pytest.raises(GateRefused) as exc:
+        run_gate(root, "tfplan")
+    assert any("DESTROY NOT WHITELISTED: terraform_data.one" in m for m in exc.value.messages)
+
+
+def test_a_failing_plan_names_the_root_and_records_no_plan(root):
+    with open(os.path.join(root, "main.tf"), "a", encoding="utf-8") as fh:
+        fh.write('resource "terraform_data" "bad" {\n  input = var.missing\n}\n')
+    with pytest.raises(TerraformError) as exc:
+        make_plan(root)
+    assert root in str(exc.value) and "exit 1" in str(exc.value)
+    binding = b.read_binding(os.path.join(root, "tfplan"))
+    assert binding is not None and "plan" not in binding
+    with pytest.raises(GateRefused):
+        run_gate(root, "tfplan")
+
+
+def test_the_timeout_interrupts_terraform(root, tmp_path):
+    slow = tmp_path / "slow-terraform"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    with pytest.raises(TerraformError) as exc:
+        make_plan(root, binary_path=str(slow), timeout=1)
+    assert "did not finish within 1 s" in str(exc.value)
+
+
+def test_module_check_mode_writes_nothing(root, tmp_path):
+    pb = tmp_path / "pb.yml"
+    pb.write_text(textwrap.dedent("""\
+        - hosts: localhost
+          gather_facts: false
+          connection: local
+          tasks:
+            - csis.infra.csis_plan:
+                project_path: "{{ root }}"
+              register: planned
+            - ansible.builtin.assert:
+                that: planned.changes is none and not planned.changed
+        """))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(_REPO, "ansible.cfg"))
+    res = subprocess.run([PLAYBOOK_BIN, str(pb), "--check", "-e", json.dumps({"root": root})], cwd=_REPO, env=env,
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert not os.path.exists(os.path.join(root, "tfplan"))
+    assert not os.path.exists(os.path.join(root, "tfplan" + b.BINDING_SUFFIX))
