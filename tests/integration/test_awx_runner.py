@@ -2,8 +2,18 @@
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
 """The AWX workflow, run the way AWX runs jobs: ``ansible_runner.run`` on a private data
-directory with ``project/`` (the collection checkout), ``inventory/`` and ``env/``
-(``extravars``, and ``envvars`` standing in for a credential type's injectors).
+directory with ``project/``, ``inventory/`` and ``env/`` (``extravars``, and ``envvars``
+standing in for a credential type's injectors).
+
+``project/`` is a plain ``git clone`` of an AWX project as docs/awx-setup.md lays it out
+(issue 11, item 2): the configuration tree at its root plus the template of
+docs/awx-project/ (``collections/requirements.yml``, ``inventory/hosts.csis.yml``, wrapper
+playbooks importing ``csis.infra.<name>``). No symlink to this checkout and no ansible.cfg:
+csis.infra comes only from the built artifact, installed into a temporary collections path
+(tests/support/artifact.py, shared with test_collection_artifact.py) that
+``ANSIBLE_COLLECTIONS_PATH`` names, as AWX names the path it installed the project's
+requirements into. The jobs run the project's ``playbooks/storage.yml`` with
+``csis_config_root: .`` (ansible-runner, like AWX, starts ansible-playbook in the project).
 
 plan job (``csis_phase=plan``) -> approval node -> apply job (``csis_phase=apply``) with
 the plan job's ``set_stats`` artifact ``csis_approved_plans`` as extra vars (what an AWX
@@ -14,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 
@@ -21,6 +32,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import artifact as artifact_support  # noqa: E402  (tests/support/artifact.py)
 import e2e  # noqa: E402
 
 ansible_runner = pytest.importorskip("ansible_runner")
@@ -32,19 +44,43 @@ pytestmark = [
 ]
 
 ROOT_KEY = "storage-aws-ebs"
+PROJECT_TEMPLATE = os.path.join(e2e.REPO, "docs", "awx-project")
 
 
-def _private_data_dir(parent, ep):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The collections path holding the artifact's csis.infra (AWX: the project's requirements)."""
+    return artifact_support.session_collection(tmp_path_factory)[1]
+
+
+def _git(cwd, *args):
+    proc = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main"]
+                          + list(args), cwd=cwd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _project_repository(parent, key):
+    """The configuration tree's repository: the EBS tree at its root plus docs/awx-project/."""
+    repo = e2e.make_ebs_tree(parent, key, name="tree-repo")
+    shutil.copytree(PROJECT_TEMPLATE, repo, dirs_exist_ok=True)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "the configuration tree")
+    return repo
+
+
+def _private_data_dir(parent, ep, repo, installed):
     pdd = os.path.join(parent, "pdd")
     os.makedirs(os.path.join(pdd, "inventory"))
     os.makedirs(os.path.join(pdd, "env"))
-    os.symlink(e2e.REPO, os.path.join(pdd, "project"))          # AWX: the project's SCM checkout
+    _git(parent, "clone", "-q", repo, os.path.join(pdd, "project"))  # AWX: the project's SCM checkout
     with open(os.path.join(pdd, "inventory", "hosts"), "w", encoding="utf-8") as fh:
         fh.write("localhost ansible_connection=local ansible_python_interpreter=%s\n"
                  % os.path.join(e2e.VENV_BIN, "python"))
     # AWX: a credential type injecting the AWS credentials as environment variables
     envvars = dict(ep.env)
     envvars["PATH"] = e2e.VENV_BIN + os.pathsep + os.environ.get("PATH", "")
+    envvars["ANSIBLE_COLLECTIONS_PATH"] = installed  # AWX: where the project sync installed collections/requirements.yml
     with open(os.path.join(pdd, "env", "envvars"), "w", encoding="utf-8") as fh:
         yaml.safe_dump(envvars, fh)
     return pdd
@@ -61,6 +97,12 @@ def _job(pdd, ident, extravars):
     return r, stdout, artifact
 
 
+def _storages(root):
+    """The storage records of the tree's meta-state, read through the store (whatever its layout)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+    return MetaState(root).load("storage-state.yaml").get("storages") or {}
+
+
 def _ran(out, task):
     """The statuses (ok, changed, skipping, fatal) the task printed, in order."""
     import re
@@ -72,14 +114,20 @@ def _ran(out, task):
     return statuses
 
 
-def test_plan_job_approval_apply_job(moto_endpoint, tmp_path, monkeypatch):
+def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeypatch):
     ep = moto_endpoint
-    # the execution environment's ansible-playbook (AWX: the EE image; here: the project venv)
+    # the execution environment's ansible-playbook (AWX: the EE image; here: the project venv),
+    # knowing nothing of this checkout (no ANSIBLE_CONFIG, no .venv/collections)
     monkeypatch.setenv("PATH", e2e.VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    for name in [n for n in os.environ if n.startswith("ANSIBLE_")]:
+        monkeypatch.delenv(name)
     key = "awx-%s" % uuid.uuid4().hex[:8]
-    root = e2e.make_ebs_tree(str(tmp_path), key)
-    pdd = _private_data_dir(str(tmp_path), ep)
-    base = {"csis_config_root": root, "csis_dry_run": False, "csis_overlays": [ep.overlay_path, e2e.APPLY_ALL]}
+    repo = _project_repository(str(tmp_path), key)
+    pdd = _private_data_dir(str(tmp_path), ep, repo, installed)
+    root = os.path.join(pdd, "project")  # the tree is the project's root
+    assert not os.path.islink(root) and not os.path.exists(os.path.join(root, "ansible.cfg"))
+    assert os.path.isfile(os.path.join(root, "collections", "requirements.yml"))
+    base = {"csis_config_root": ".", "csis_dry_run": False, "csis_overlays": [ep.overlay_path, e2e.APPLY_ALL]}
 
     # 1. the plan job: plans and gates, publishes the approved digests, applies nothing
     r, out, artifact = _job(pdd, "plan", dict(base, csis_phase="plan"))
@@ -88,7 +136,10 @@ def test_plan_job_approval_apply_job(moto_endpoint, tmp_path, monkeypatch):
     assert isinstance(approved, dict) and set(approved) == {ROOT_KEY}, artifact
     assert len(approved[ROOT_KEY]) == 64
     assert _ran(out, "Apply exactly that plan file") == ["skipping"]
-    assert not os.path.exists(os.path.join(root, "meta-state", "storage-state.yaml"))
+    assert not _storages(root)
+    # csis.infra ran from the installed artifact: its modules vendored into the tree, nothing of the checkout
+    assert os.path.isdir(os.path.join(root, "generated", ".modules", artifact_support.version()))
+    assert e2e.REPO not in out, out[-4000:]
 
     # (the approval node: a human approves the plan job's output in the AWX UI)
 
@@ -104,7 +155,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, tmp_path, monkeypatch):
     assert r.status == "failed", out[-4000:]
     assert "the plan differs from the one approved in the plan job" in out, out[-4000:]
     assert "Apply exactly that plan file" not in out
-    assert not os.path.exists(os.path.join(root, "meta-state", "storage-state.yaml"))
+    assert not _storages(root)
     assert not ep.client("ec2").describe_volumes(
         Filters=[{"Name": "tag:csis_config", "Values": ["csis-example"]}, {"Name": "size", "Values": ["120"]}])["Volumes"]
 
@@ -112,7 +163,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, tmp_path, monkeypatch):
     r, out, _pdd = _job(pdd, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved))
     assert r.status == "successful", out[-4000:]
     assert _ran(out, "Apply exactly that plan file") == ["changed"]
-    recs = e2e.meta(root, "storage-state.yaml")["storages"]
+    recs = _storages(root)
     vid = recs["mnt_data"]["facts"]["volume_id"]
     assert recs["mnt_data"]["state"] == "active"
     vol = ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]

@@ -29,10 +29,11 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import artifact as artifact_support  # noqa: E402  (tests/support/artifact.py: build and install, shared)
 import e2e  # noqa: E402
 
 REPO = e2e.REPO
-GALAXY_BIN = os.path.join(e2e.VENV_BIN, "ansible-galaxy")
+GALAXY_BIN = artifact_support.GALAXY_BIN
 BUILDER_BIN = os.path.join(e2e.VENV_BIN, "ansible-builder")
 
 pytestmark = [
@@ -41,41 +42,22 @@ pytestmark = [
 ]
 
 
-def _version() -> str:
-    with open(os.path.join(REPO, "galaxy.yml"), encoding="utf-8") as fh:
-        return yaml.safe_load(fh)["version"]
-
-
-def _outside_env(extra=None):
-    """An environment that knows nothing of the checkout: no ansible.cfg, no .venv/collections."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update({"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1",
-                "PATH": e2e.VENV_BIN + os.pathsep + os.environ.get("PATH", "")})
-    env.update(extra or {})
-    return env
+_version = artifact_support.version
+_outside_env = artifact_support.outside_env
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("dist"))
-    proc = subprocess.run([GALAXY_BIN, "collection", "build", "--force", "--output-path", out, REPO],
-                          cwd=out, env=_outside_env(), capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    path = os.path.join(out, "csis-infra-%s.tar.gz" % _version())
-    assert os.path.isfile(path), os.listdir(out)
-    return path
+    """The built artifact (tests/support/artifact.py: once per session, shared with test_awx_runner.py)."""
+    return artifact_support.session_collection(tmp_path_factory)[0]
 
 
 @pytest.fixture(scope="module")
 def installed(artifact: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The artifact installed into a fresh collections path; its dependencies resolve
     (offline) to the community.general and amazon.aws of .venv's ansible package."""
-    cpath = str(tmp_path_factory.mktemp("collections"))
+    cpath = artifact_support.session_collection(tmp_path_factory)[1]
     env = _outside_env({"ANSIBLE_COLLECTIONS_PATH": cpath})
-    proc = subprocess.run([GALAXY_BIN, "collection", "install", "--offline", "-p", cpath, artifact],
-                          cwd=cpath, env=env, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert os.path.isfile(os.path.join(cpath, "ansible_collections", "csis", "infra", "MANIFEST.json"))
     listed = subprocess.run([GALAXY_BIN, "collection", "list", "csis.infra", "--format", "json"], cwd=cpath, env=env,
                             capture_output=True, text=True, check=False)
     assert listed.returncode == 0, listed.stderr
@@ -90,7 +72,8 @@ def test_the_artifact_ships_only_what_users_need(artifact: str) -> None:
     top = {n.split("/", 1)[0] for n in names}
     for want in ("plugins/modules/csis_render.py", "plugins/module_utils/csis/render/bundled_modules.py",
                  "plugins/inventory/meta_state.py", "roles/render/tasks/main.yml", "roles/tofu_root/tasks/main.yml",
-                 "playbooks/storage.yml", "playbooks/lifecycle.yml", "tfmodules/aws_storage_ebs/main.tf",
+                 "playbooks/storage.yml", "playbooks/lifecycle.yml", "playbooks/awx_configure.yml",
+                 "docs/awx-project/collections/requirements.yml", "docs/awx-project/playbooks/storage.yml", "tfmodules/aws_storage_ebs/main.tf",
                  "meta/runtime.yml", "meta/execution-environment.yml", "meta/ee-requirements.txt", "meta/ee-bindep.txt",
                  "docs/configuration.md", "README.md", "LICENSE", "changelogs/changelog.yaml",
                  "examples/cfg/_config.yml", "MANIFEST.json", "FILES.json"):
@@ -220,7 +203,8 @@ def test_the_installed_collection_runs_a_tree_outside_the_checkout(installed: st
     # 2. a real run: plan, gate, apply and record the one EBS volume at the session's endpoint
     rc, out = _collection_playbook(installed, root, ep, False, key, str(tmp_path / "apply.log"))
     assert rc == 0, out[-6000:]
-    recs = e2e.meta(root, "storage-state.yaml")["storages"]
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+    recs = MetaState(root).load("storage-state.yaml")["storages"]  # through the store, whatever its layout
     assert recs["mnt_data"]["state"] == "active", recs
     vid = recs["mnt_data"]["facts"]["volume_id"]
     assert ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]["Size"] == 100
