@@ -14,8 +14,11 @@ description:
     configuration root (C(<config root>/meta-state/)), and makes them usable as
     Ansible hosts.
   - The hosts are the records of C(launch-params.yaml) with C(launched=true), joined
-    with the open generation (C(current)) of C(instance-state.yaml). Records are read
-    from files only; no AWS call is made.
+    with the open generation (C(current)) of C(instance-state.yaml), read through the
+    meta-state store. A tree whose C(cfg/_config.yml) sets C(meta_state.backend=s3) is read
+    from that S3 store (the bucket, region and endpoint of the state backend it names;
+    credentials from the environment), so a checkout with no meta-state of its own lists
+    what any other run recorded. Otherwise records are read from files only; no AWS call is made.
   - The inventory source is a YAML file whose name ends with C(.csis.yml) or
     C(.csis.yaml), for example C(hosts.csis.yml), with C(plugin=csis.infra.meta_state).
   - An empty or missing meta-state gives an empty inventory. A corrupt meta-state file
@@ -180,7 +183,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self.display.warning("csis.infra.meta_state: config root %s does not exist; "
                                  "the inventory is empty" % root)
         try:
-            return launched_instances(MetaState(root))
+            ms = MetaState(root)
+            records = launched_instances(ms)
+            for notice in ms.notices:
+                self.display.warning("csis.infra.meta_state: %s" % notice)
+            return records
         except MetaStateError as exc:
             msg = to_native(exc)
             if msg.startswith(META_STATE_DIR + "/"):

@@ -33,9 +33,10 @@ options:
     type: bool
     default: true
   lock_timeout:
-    description: Seconds to wait for the meta-state lock while another run holds it.
+    description:
+      - Seconds to wait for the meta-state lock while another run holds it (the roles pass C(csis_lock_timeout)).
     type: float
-    default: 120
+    default: 600
 attributes:
   check_mode:
     support: full
@@ -97,7 +98,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight im
 def main():
     module = csis_module(
         argument_spec=argument_spec(CONFIG_ROOT_ARGS, write=dict(type="bool", default=True),
-                                    lock_timeout=dict(type="float", default=120.0)),
+                                    lock_timeout=dict(type="float", default=600.0)),
         requires=("PyYAML",),
         supports_check_mode=True,
     )

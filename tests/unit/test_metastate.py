@@ -106,6 +106,13 @@ def test_round_trip(tmp_path, name):
             txn.save(other, SAMPLES[other])
     got = ms.load(name)
     assert got == metastate.validate(name, SAMPLES[name])
+    if name in metastate.KEYED:  # one file per record, each a whole file holding that record
+        top = metastate.KEYED[name]
+        assert not os.path.exists(ms.path(name)) and got[top]
+        for key, record in got[top].items():
+            text = Path(ms.record_path(name, key)).read_text(encoding="utf-8")
+            assert text == metastate.dumps({top: {key: record}})
+        return
     text = Path(ms.path(name)).read_text(encoding="utf-8")
     assert text.startswith(HEADER) and text.endswith(metastate.FOOTER)
     assert text == metastate.dumps(got)
@@ -251,7 +258,7 @@ def test_unchanged_save_leaves_bytes_and_mtime(tmp_path):
     ms = _ms(tmp_path)
     with ms.transaction() as txn:
         txn.save("launch-params.yaml", SAMPLES["launch-params.yaml"])
-    path = Path(ms.path("launch-params.yaml"))
+    path = Path(ms.record_path("launch-params.yaml", "test2"))
     os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
     before = path.read_bytes(), path.stat().st_mtime_ns, path.stat().st_ino
     with ms.transaction() as txn:
@@ -309,9 +316,14 @@ def test_atomic_write_uses_replace_and_fsync(tmp_path, monkeypatch):
     with ms.transaction() as txn:
         txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
     kinds = [c[0] for c in calls]
-    assert kinds == ["fsync", "replace", "fsync"]  # file, rename, directory
-    src, dst = calls[1][1], calls[1][2]
-    assert os.path.dirname(src) == ms.dir and dst == ms.path("runs.yaml")
+    # the revision marker, runs.yaml, the audit record, the revision: each file, rename, directory
+    assert kinds == ["fsync", "replace", "fsync"] * 4
+    replaced = [(c[1], c[2]) for c in calls if c[0] == "replace"]
+    assert [dst for _src, dst in replaced] == [os.path.join(ms.dir, "revision.yaml"), ms.path("runs.yaml"),
+                                               os.path.join(ms.dir, "audit", "00000001.yaml"),
+                                               os.path.join(ms.dir, "revision.yaml")]
+    src = replaced[1][0]
+    assert os.path.dirname(src) == ms.dir
     assert src.endswith(".tmp") and not os.path.exists(src)
 
 
@@ -321,8 +333,13 @@ def test_crash_mid_write_leaves_old_file(tmp_path, monkeypatch):
         txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
     old = Path(ms.path("runs.yaml")).read_bytes()
 
+    real_fsync, calls = os.fsync, []
+
     def crash(fd):
-        raise OSError(5, "Input/output error")
+        calls.append(fd)
+        if len(calls) > 2:  # the revision marker is written, runs.yaml is not
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", crash)
     with pytest.raises(MetaStateError, match=r"^meta-state/runs.yaml: cannot write: Input/output error"):
@@ -330,7 +347,9 @@ def test_crash_mid_write_leaves_old_file(tmp_path, monkeypatch):
             txn.save("runs.yaml", {"runs": [{"run": "r2"}]})
     monkeypatch.undo()
     assert Path(ms.path("runs.yaml")).read_bytes() == old
-    assert sorted(os.listdir(ms.dir)) == [".lock", "runs.yaml"]  # no temporary left behind
+    # no temporary left behind
+    assert sorted(os.listdir(ms.dir)) == [".lock", "audit", "revision.yaml", "runs.yaml"]
+    assert ms.load("runs.yaml")["runs"] == [{"run": "r1"}]  # the crashed commit's marker is read through
     with MetaState(ms.config_root, lock_timeout=0).transaction():
         pass  # and the lock is free
 
@@ -553,14 +572,14 @@ def _save_all(ms, files):
 def test_a_file_cut_short_is_refused_at_every_length(tmp_path):
     ms = _ms(tmp_path)
     _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
-    path = Path(ms.path("launch-params.yaml"))
+    path = Path(ms.record_path("launch-params.yaml", "test2"))
     whole = path.read_bytes()
     for size in range(1, len(whole)):
         path.write_bytes(whole[:size])
         with pytest.raises(MetaStateError) as err:
             ms.load("launch-params.yaml")
         text = str(err.value)
-        assert text.startswith("meta-state/launch-params.yaml: "), (size, text)
+        assert text.startswith("meta-state/launch-params/test2.yaml: "), (size, text)
         if size > len(HEADER):
             assert "is incomplete: it stops at byte %d without its end line" % size in text, (size, text)
         assert path.read_bytes() == whole[:size]
@@ -572,10 +591,10 @@ def test_the_issues_truncation_to_half_is_refused_by_every_reader(tmp_path):
     """launch-params.yaml cut to half its size: load, the inventory's join, a transaction."""
     ms = _ms(tmp_path)
     _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
-    path = Path(ms.path("launch-params.yaml"))
+    path = Path(ms.record_path("launch-params.yaml", "test2"))
     half = path.read_bytes()[:len(path.read_bytes()) // 2]
     path.write_bytes(half)
-    expected = "meta-state/launch-params.yaml: is incomplete: it stops at byte %d" % len(half)
+    expected = "meta-state/launch-params/test2.yaml: is incomplete: it stops at byte %d" % len(half)
     for read in (lambda: ms.load("launch-params.yaml"), lambda: launched_instances(ms)):
         with pytest.raises(MetaStateError, match=re.escape(expected)):
             read()

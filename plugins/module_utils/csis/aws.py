@@ -145,6 +145,14 @@ def backend_access(config: Mapping[str, Any]) -> Dict[str, Any]:
             "s3_use_path_style": bool(config.get("use_path_style") or config.get("force_path_style"))}
 
 
+def state_backend_access(backend: Any) -> Dict[str, Any]:
+    """How boto3 reaches a declared S3 state backend (a ``StateBackend`` model; no secrets):
+    its region, profile and S3 endpoint (else ``AWS_ENDPOINT_URL_S3``)."""
+    url = backend.endpoints.for_service("s3") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
+    return {"region": backend.region, "profile": backend.profile, "endpoints": {"s3": url} if url else {},
+            "s3_use_path_style": bool(backend.use_path_style)}
+
+
 # --------------------------------------------------------------------------- errors
 def error_code(exc: BaseException) -> Optional[str]:
     """The AWS error code of a botocore error (else its HTTP status), or None."""

@@ -257,10 +257,43 @@ class ConfigFlags(Strict):
         return v
 
 
+class MetaStateSetting(Strict):
+    """``meta_state:`` of cfg/_config.yml: where meta-state lives (docs/meta-state.md)."""
+    backend: Literal["local", "s3"] = "local"
+    #: s3: the name of an S3 state backend declared in cfg/state-backends*.yml (its bucket,
+    #: region, profile and endpoint are used)
+    state_backend: Optional[str] = None
+    #: s3: the key prefix the objects go under (``<prefix>/meta-state/...``)
+    prefix: Optional[str] = None
+
+    _n = field_validator("state_backend", mode="before")(
+        classmethod(lambda cls, v: v if v is None else check_name(normalize_builder_name(v), "state backend name")))
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        parts = v.split("/")
+        if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+\Z", p) for p in parts if p):
+            raise ValueError("prefix %r must be a relative key prefix of plain names (no '..', no leading '/')" % v)
+        return v.strip("/")
+
+    @model_validator(mode="after")
+    def _required(self) -> "MetaStateSetting":
+        if self.backend == "s3" and not self.state_backend:
+            raise keyed_error("state_backend", "an s3 meta-state needs 'state_backend' (an s3 state backend's name)")
+        if self.backend == "local" and (self.state_backend or self.prefix):
+            raise keyed_error("state_backend" if self.state_backend else "prefix",
+                              "a local meta-state takes neither 'state_backend' nor 'prefix'")
+        return self
+
+
 class ConfigFile(Strict):
     id: Optional[str] = None
     description: Optional[str] = None
     config: ConfigFlags = Field(default_factory=ConfigFlags)
+    meta_state: Optional[MetaStateSetting] = None
 
     _id = field_validator("id")(optional(check_name, "id"))
 

@@ -600,6 +600,22 @@ class Validation:
             computed[name] = compute_launch_params(self.t, self.meta, inst, replacing=replacing[name])
         self.problems.extend(immutability_problems(self.t, self.meta, computed, replacing))
 
+    def meta_state_backend(self) -> None:
+        """``meta_state: {backend: s3, state_backend: <name>}`` names a declared S3 state backend."""
+        setting = self.t.config_file.meta_state
+        if setting is None or setting.backend != "s3" or not setting.state_backend:
+            return
+        backend = self.t.backends.get(setting.state_backend)
+        if backend is None:
+            self.problems.append(Problem("cfg/_config.yml", "meta_state.state_backend",
+                                         "names state backend '%s', which is not declared in cfg/state-backends*.yml "
+                                         "(declared: %s)" % (setting.state_backend, _names(self.t.backends))))
+        elif backend.type != "s3":
+            self.problems.append(Problem("cfg/_config.yml", "meta_state.state_backend",
+                                         "names state backend '%s', which is a %s backend; the s3 meta-state needs "
+                                         "an s3 one (its bucket, region and endpoint hold the records)"
+                                         % (setting.state_backend, backend.type)))
+
     def executables(self, run: Callable[[str], Tuple[Optional[str], Optional[str]]]) -> None:
         from packaging.specifiers import SpecifierSet
         from packaging.version import InvalidVersion, Version
@@ -633,6 +649,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.zones()
     v.remote_state_needs()
     v.module_sources()
+    v.meta_state_backend()
     v.executables(run_version or terraform_version)
     v.immutability()
     v.released_builds()
@@ -656,8 +673,9 @@ def _meta_problem(name: str, exc: MetaStateError) -> Problem:
     """A meta-state error as a problem naming meta-state/<file> and, when known, the key."""
     text = str(exc)
     label = "meta-state/%s" % name
-    if text.startswith(label + ": "):
-        text = text[len(label) + 2:]
+    named = re.match(r"^((?:meta-state|s3:)/\S+): ", text)  # the file, or one record object of it
+    if named:
+        label, text = named.group(1), text[named.end():]
     key = ""
     mk = re.match(r"^'([^']+)' (.*)$", text, re.S)
     if mk:
@@ -675,6 +693,11 @@ def read_meta(root: str, names: Iterable[str] = VALIDATE_META) -> Tuple[Dict[str
     ms = MetaState(root)
     out: Dict[str, Any] = {}
     problems: List[Problem] = []
+    try:
+        ms.open()  # where meta-state lives (cfg/_config.yml meta_state)
+    except MetaStateError as exc:
+        text = str(exc)
+        return out, [Problem("cfg/_config.yml", "meta_state", text.split(": ", 1)[1] if text.startswith("cfg/") else text)]
     for n in names:
         try:
             out[n] = ms.load(n)
@@ -688,8 +711,8 @@ def load_and_validate(root: str, overlays: Iterable[str] = (), undeclare: Iterab
                       extra: Iterable[Callable[[Validation], None]] = ()) -> Tuple[Tree, Dict[str, Any]]:
     """Return (tree, meta) or raise :class:`ConfigError` listing every problem.
 
-    Reads only: the configuration tree, the overlays and ``meta-state/``. Writes nothing
-    and makes no network call; the only process started is each declared executable's
+    Reads only: the configuration tree, the overlays and meta-state (``meta-state/``, or
+    the S3 store ``cfg/_config.yml`` names: its only network calls). Writes nothing; the only process started is each declared executable's
     ``<binary> version -json`` (``run_version`` replaces it, e.g. in tests).
     """
     tree, problems = load_tree_partial(root, overlays=overlays, undeclare=undeclare)

@@ -47,13 +47,13 @@ def hard_drift(config_root: str) -> Dict[str, Any]:
             "messages": hard_lines({"drift": hard})}
 
 
-def meta_state(config_root: str, write: bool = True, lock_timeout: float = 120.0,
+def meta_state(config_root: str, write: bool = True, lock_timeout: float = 600.0,
                what: Optional[str] = None) -> Dict[str, Any]:
     """``{path, exists, files, writable}``: (``write``) the write probe and the lock, then every
     meta-state file read through the store (``writable`` stays None without ``write``).
     Raises :class:`~.store.MetaStateError` (:class:`~.store.NotWritable`: the write probe failed)."""
     ms = MetaState(config_root, lock_timeout=lock_timeout)
-    out: Dict[str, Any] = {"path": ms.dir, "exists": os.path.isdir(ms.dir), "files": [], "writable": None}
+    out: Dict[str, Any] = {"path": ms.where, "exists": ms.objects.exists(), "files": [], "writable": None}
     if write:
         try:
             out.update(ms.check_writable(what))
@@ -67,7 +67,7 @@ def meta_state(config_root: str, write: bool = True, lock_timeout: float = 120.0
     return out
 
 
-def preflight(config_root: str, write: bool = True, lock_timeout: float = 120.0,
+def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
               what: Optional[str] = None) -> Dict[str, Any]:
     """Run the checks (see the module docstring); return ``{hard_drift, report, meta_state}``
     or raise :class:`PreflightError` with every finding (its ``result`` holds what was found)."""

@@ -1,34 +1,45 @@
 # -*- coding: utf-8 -*-
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
-"""Meta-state: the YAML records under ``<config root>/meta-state/``.
+"""Meta-state: what applies did, as records in a store (:mod:`.backends`: ``local`` under
+``<config root>/meta-state/`` by default, or ``s3`` in an S3 state backend's bucket).
 
-This module is the one place meta-state is read and written.
+This module is the one place meta-state is read and written (docs/meta-state.md).
 
-* **Reads** (:meth:`MetaState.load`) take no lock. Every write replaces a file by an
-  atomic rename, so a reader sees either the old or the new file, never half of one.
-  Nothing is cached between calls: every ``load`` reads the file again.
-* **Writes** happen only inside :meth:`MetaState.transaction`. The transaction holds an
-  exclusive ``fcntl.flock`` on ``<meta-state>/.lock`` for its whole duration, so two
-  csis.infra runs cannot interleave their read-modify-write cycles. The kernel drops
-  the lock when the holder's process dies, so a killed run never blocks the next one.
-  Files saved in a transaction are written when the ``with`` block exits normally
-  (temporary file in the same directory, flush, fsync, ``os.replace``, fsync of the
-  directory), and only if their serialized bytes changed. If the block raises,
-  nothing is written.
-* Every file is validated on load and on save against its known shape
-  (:data:`FILES`); errors raise :class:`MetaStateError` naming the file.
-* A damaged file is refused, never read as "no records" nor overwritten: an existing file
-  that is empty or holds only comments, or one csis.infra wrote (:data:`HEADER`) that lacks
-  its end line (:data:`FOOTER`: it was cut short). Files whose records contradict each
-  other (:data:`INVARIANTS`: an open generation without a launch record, a pin of an
-  instance that is not launched, ``storage-state.yaml`` and its read-model disagreeing) are
-  refused by :meth:`MetaState.load` of the invariant's subject file and by any transaction
-  that would write such a contradiction. A lock-free reader that sees a contradiction looks
-  again under a shared lock (a commit replaces its files one after the other) before it
-  refuses.
+* **Files and records.** Callers see *files* (:data:`FILES`: ``launch-params.yaml`` ->
+  ``{"instances": {...}}``). The four files keyed by instance or storage name (:data:`KEYED`)
+  are kept as one object per record, ``<stem>/<name>.yaml`` (``launch-params/web.yaml``), each
+  a whole file holding that one record; the others (pins, verifications, lineage, runs) stay
+  whole files. :meth:`MetaState.load` assembles a file from its records; a file from before
+  the per-record layout (``launch-params.yaml`` itself) is read as it is while it exists, and
+  the first transaction that writes it migrates it (its records written, then it is removed).
+* **Reads** (:meth:`MetaState.load`) take no lock. Every object is replaced atomically, so a
+  reader sees an old or a new object, never half of one. A record is parsed once per version
+  (file identity/size/times, S3 ETag): readers keep what they parsed in memory and, from
+  :data:`CACHE_MIN` records up, in a cache file (:func:`~.backends.cache_home`).
+* **Writes** happen only inside :meth:`MetaState.transaction`, under the store's lock (local:
+  an exclusive ``flock`` on ``meta-state/.lock`` that dies with its holder; S3: a lock object
+  created with ``IfNoneMatch``, expiring unless renewed). A second writer waits up to
+  ``lock_timeout`` (``CSIS_LOCK_TIMEOUT``, 600 s by default), then fails naming the holder.
+  On a normal exit the transaction writes only the records (and whole files) whose content
+  changed, each conditioned on the version read (``IfMatch``; a missing one: ``IfNoneMatch``),
+  so a writer whose base moved is refused (:class:`~.backends.Conflict`) and never overwrites;
+  then the next revision (``revision.yaml``) and one audit record (``audit/<revision>.yaml``:
+  who, what, the records changed with a short diff, before and after). If the block raises,
+  nothing is written. :func:`audit_trail` and :func:`record_at` read the trail.
+* Every file and record is validated on load and on save against its known shape
+  (:data:`FILES`); errors raise :class:`MetaStateError` naming the file or record object.
+* A damaged object is refused, never read as "no records" nor overwritten: one that is empty
+  or holds only comments, or one csis.infra wrote (:data:`HEADER`) that lacks its end line
+  (:data:`FOOTER`: it was cut short). Records that contradict each other (:data:`INVARIANTS`:
+  an open generation without a launch record, a pin of an instance that is not launched,
+  ``storage-state.yaml`` and its read-model disagreeing) are refused by :meth:`MetaState.load`
+  of the invariant's subject file and by any transaction that would write such a contradiction
+  (the invariants relate records of one name, so a commit checks the names it changes). A
+  lock-free reader that sees a contradiction looks again (under a shared lock, locally) before
+  it refuses.
 * :meth:`MetaState.check_writable` proves, before a run plans anything, that a transaction
-  could write here (a probe file and the lock; nothing stays but the lock file).
+  could write here (a probe and the lock; nothing stays but the local lock file).
 * ``save`` refuses secret-shaped data (AWS access keys, session tokens, private keys,
   non-empty values under ``*secret*``/``*password*``/``*token*`` keys).
 * Values are plain data: mappings with string keys, lists, strings, ints, floats,
@@ -36,9 +47,9 @@ This module is the one place meta-state is read and written.
   given to ``save`` are converted with ``isoformat()``, and YAML timestamps are read
   back as strings, never as ``datetime`` objects.
 
-Each file is written atomically; a transaction that saves several files writes
-them one after the other, so a crash in the middle of the commit (power loss) can
-leave some files new and others old, each one whole.
+A transaction writes its objects one after the other, so a crash in the middle of the
+commit (power loss) can leave some records new and others old, each one whole, and the
+revision and audit record not yet written.
 
 Plain Python: importable without Ansible.
 """
@@ -47,21 +58,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
-import errno
-import fcntl
 import json
-import os
 import re
-import socket
-import sys
-import tempfile
+import os
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from ..errors import CsisError
-from ..fsutil import fsync_dir, write_atomic
+from ..config.models import NAME_RE
+from ..fsutil import write_atomic
 from ..yamlio import meta_dumper, meta_loader, yaml
+from .backends import (ABSENT, LOCK_NAME, META_STATE_DIR, Conflict, FileLock, LocalObjects, MetaStateError, NotWritable,
+                       default_what, immutable, lock_timeout_default, now_iso, open_objects, who)
 
 __all__ = [
     "FILES",
@@ -70,10 +78,13 @@ __all__ = [
     "LOCK_NAME",
     "META_STATE_DIR",
     "STORAGE_STATES",
+    "KEYED",
     "MetaState",
     "MetaStateError",
     "NotWritable",
     "Transaction",
+    "audit_trail",
+    "record_at",
     "contradictions",
     "dumps",
     "empty",
@@ -83,8 +94,6 @@ __all__ = [
     "validate",
 ]
 
-META_STATE_DIR = "meta-state"
-LOCK_NAME = ".lock"
 HEADER = ("# csis.infra meta-state: written by csis.infra, whole files only (the last line marks the end); "
           "do not edit by hand (use the forget/state import playbooks)\n")
 #: the last line of every file csis.infra writes: a file with :data:`HEADER` and without it was cut short
@@ -96,17 +105,6 @@ LEGACY_HEADER = ("# csis.infra meta-state: written by csis.infra; do not edit by
 DAMAGED = ("nothing is read from it or written to it until it is restored (from a backup or version "
            "control) or corrected by hand")
 STORAGE_STATES = ("active", "archived", "destroyed")
-
-
-class MetaStateError(CsisError):
-    """Meta-state cannot be read, validated, locked or written.
-
-    The message always names the file (``meta-state/<file>``) it is about.
-    """
-
-
-class NotWritable(MetaStateError):
-    """The meta-state directory (or a file in it) cannot be written (:meth:`MetaState.check_writable`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -528,8 +526,96 @@ def _parse(name: str, text: str) -> Any:
 
 
 # ---------------------------------------------------------------------------
-# locking
+# layout: records, revisions, the audit trail
 # ---------------------------------------------------------------------------
+
+#: the files kept as one object per record (``<stem>/<key>.yaml``): file -> the key of its records
+KEYED: Dict[str, str] = {
+    "launch-params.yaml": "instances",
+    "instance-state.yaml": "instances",
+    "storage-state.yaml": "storages",
+    "storage.yaml": "storages",
+}
+#: in a record folder: the top-level keys of the file other than its records (forward compatible)
+REST = "_rest.yaml"
+#: the revision counter: ``{revision, time, what}`` of the last committed transaction
+REVISION = "revision.yaml"
+#: one audit record per committed revision: ``audit/<revision, 8 digits>.yaml``
+AUDIT_DIR = "audit"
+#: readers keep a copy of the records they parsed (keyed by version) from this many records up
+CACHE_MIN = 256
+_CACHE_FORMAT = 1
+#: a short diff shows at most this many changed keys, each value cut at this many characters
+DIFF_LINES, DIFF_WIDTH = 20, 80
+
+
+def stem(name: str) -> str:
+    """The record folder of a keyed file (``launch-params.yaml`` -> ``launch-params``)."""
+    return name[:-len(".yaml")]
+
+
+def record_object(name: str, key: str) -> str:
+    """The object of record ``key`` of keyed file ``name``; refuses a key that is not a name
+    (it could escape the folder)."""
+    if name not in KEYED:
+        raise MetaStateError("%s: is not kept per record (per-record files: %s)" % (_label(name), ", ".join(sorted(KEYED))))
+    if not isinstance(key, str) or not NAME_RE.match(key):
+        raise _fail(name, "'%s.%s'" % (KEYED[name], key), "is not a record name (letters, digits, '_', '.', '-', "
+                    "starting with a letter or digit, at most 63 characters), so it cannot be stored")
+    return "%s/%s.yaml" % (stem(name), key)
+
+
+def audit_object(revision: int) -> str:
+    return "%s/%08d.yaml" % (AUDIT_DIR, revision)
+
+
+def _committing(raw: Optional[bytes]) -> bool:
+    """Whether a revision object is a commit's marker (``committing``: its records are being written)."""
+    return raw is not None and b'"committing"' in raw
+
+
+def _relabel(exc: MetaStateError, old: str, new: str) -> MetaStateError:
+    text = str(exc)
+    if old != new and text.startswith(old + ":"):
+        text = new + text[len(old):]
+    return MetaStateError(text)
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def _cut(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= DIFF_WIDTH else text[:DIFF_WIDTH - 3] + "..."
+
+
+def short_diff(before: Any, after: Any, where: str = "") -> List[str]:
+    """``path: old -> new`` lines for what differs (at most :data:`DIFF_LINES`)."""
+    out: List[str] = []
+
+    def walk(path: str, a: Any, b: Any) -> None:
+        if len(out) > DIFF_LINES or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b), key=str):
+                walk("%s.%s" % (path, key) if path else str(key), a.get(key, _MISSING), b.get(key, _MISSING))
+            return
+        out.append("%s: %s -> %s" % (path or "<record>", "(none)" if a is _MISSING else _cut(a),
+                                     "(none)" if b is _MISSING else _cut(b)))
+
+    walk(where, before, after)
+    if len(out) > DIFF_LINES:
+        out = out[:DIFF_LINES] + ["..."]
+    return out
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(none)"
+
+
+_MISSING = _Missing()
 
 _held = threading.local()
 
@@ -541,157 +627,105 @@ def _held_set() -> set:
     return held
 
 
-def _default_what() -> str:
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return argv0 or "python"
+_Lock = FileLock
+_immutable = immutable
+_default_what = default_what
 
 
-#: Linux FS_IOC_GETFLAGS (_IOR('f', 1, long)) and the flags that stop a rename over a file
-_FS_IOC_GETFLAGS = 0x80086601 if sys.maxsize > 2 ** 32 else 0x80046601
-_FS_IMMUTABLE_OR_APPEND = 0x00000010 | 0x00000020
+class _Read:
+    """One read of a file: its data, whether it exists, and what a transaction needs to commit
+    against it (the versions and texts of its records, or of the whole file)."""
 
-
-def _immutable(path: str) -> bool:
-    """Whether ``path`` carries the immutable or append-only attribute (False when unknown)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False
-    try:
-        flags = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
-    except OSError:
-        return False  # a file system without attributes
-    finally:
-        os.close(fd)
-    return bool(int.from_bytes(flags[:4], sys.byteorder) & _FS_IMMUTABLE_OR_APPEND)
-
-
-class _Lock:
-    """Exclusive ``flock`` on ``<dir>/.lock``; the holder describes itself in the file."""
-
-    def __init__(self, directory: str, timeout: float, what: str, poll: float = 0.05) -> None:
-        self.path = os.path.join(directory, LOCK_NAME)
-        self.timeout = timeout
-        self.what = what
-        self.poll = poll
-        self.fd: Optional[int] = None
-
-    def _holder(self) -> str:
-        try:
-            with open(self.path, "r", encoding="utf-8") as handle:
-                info = json.loads(handle.read() or "{}")
-        except (OSError, ValueError):
-            info = {}
-        return "pid %s on host %s since %s (%s)" % (
-            info.get("pid", "?"), info.get("host", "?"), info.get("since", "?"),
-            info.get("what", "unknown"))
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as exc:
-            raise MetaStateError("%s: cannot open the lock file: %s"
-                                 % (_label(LOCK_NAME), exc.strerror or exc)) from exc
-        deadline = time.monotonic() + max(0.0, self.timeout)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                        raise MetaStateError("%s: cannot lock: %s" % (_label(LOCK_NAME), exc)) from exc
-                if time.monotonic() >= deadline:
-                    raise MetaStateError(
-                        "%s: meta-state is locked by %s; another csis.infra run is writing "
-                        "this tree. Wait for it, or if that process is gone the lock frees "
-                        "itself" % (_label(LOCK_NAME), self._holder()))
-                time.sleep(self.poll)
-            info = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "what": self.what,
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode("utf-8"), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        fd, self.fd = self.fd, None
-        try:
-            os.ftruncate(fd, 0)  # no stale description once nobody holds it
-        except OSError:
-            pass
-        finally:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
-
-
-# ---------------------------------------------------------------------------
-# files
-# ---------------------------------------------------------------------------
-
-def _signature(st: os.stat_result) -> Tuple[int, int, int, int, int]:
-    """What changes whenever a file is replaced (atomic rename: a new inode) or rewritten."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-_fsync_dir = fsync_dir
-_write_atomic = write_atomic
+    def __init__(self, data: Dict[str, Any], present: bool, raw: Optional[bytes] = None,
+                 version: Optional[str] = None, legacy: bool = False,
+                 versions: Optional[Dict[str, str]] = None, texts: Optional[Dict[str, str]] = None,
+                 rest: Optional[Tuple[Optional[str], Dict[str, Any]]] = None) -> None:
+        self.data = data
+        self.present = present
+        self.raw = raw
+        self.version = version
+        self.legacy = legacy
+        self.versions = versions or {}
+        self.texts = texts or {}
+        self.rest = rest or (None, {})
 
 
 class MetaState:
-    """The meta-state tree of one configuration root.
+    """The meta-state of one configuration root, wherever it lives (:mod:`.backends`).
 
     >>> ms = MetaState("/path/to/config")
-    >>> ms.load("launch-params.yaml")["instances"]          # no lock, whole files only
+    >>> ms.load("launch-params.yaml")["instances"]          # no lock; the whole file's shape
     >>> with ms.transaction("csis.infra.site / record launch") as txn:
     ...     data = txn.load("launch-params.yaml")           # fresh read under the lock
     ...     data["instances"]["web"]["launched"] = True
-    ...     txn.save("launch-params.yaml", data)             # written on normal exit
+    ...     txn.save("launch-params.yaml", data)             # only the changed records are written
+    ...     rec = txn.load_record("instance-state.yaml", "web")  # one record: reads only it
     """
 
-    def __init__(self, config_root: str, lock_timeout: float = 120.0) -> None:
+    def __init__(self, config_root: str, lock_timeout: Optional[float] = None, objects: Any = None) -> None:
         self.config_root = os.path.abspath(os.path.expanduser(str(config_root)))
         self.dir = os.path.join(self.config_root, META_STATE_DIR)
-        self.lock_timeout = float(lock_timeout)
-        # name -> (file signature, what the invariants need of it): a file is parsed once per
-        # object as long as it is not replaced; the records returned are always read afresh
-        self._summaries: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
+        self.lock_timeout = lock_timeout_default() if lock_timeout is None else float(lock_timeout)
+        self._objects = objects
+        # file -> record key -> (version, JSON text): a record is parsed once per version
+        self._texts: Dict[str, Dict[str, Tuple[str, str]]] = {}
+        self._disk_tried: set = set()
+
+    # -- where -----------------------------------------------------------------
+    @property
+    def objects(self) -> Any:
+        """The backend (read from the tree's ``meta_state`` setting on first use)."""
+        if self._objects is None:
+            self._objects = open_objects(self.config_root)
+        return self._objects
+
+    def open(self) -> Any:
+        """The backend; raises :class:`MetaStateError` when the tree's ``meta_state`` setting is wrong."""
+        return self.objects
+
+    @property
+    def backend(self) -> str:
+        return self.objects.kind
+
+    @property
+    def where(self) -> str:
+        return self.objects.where
+
+    @property
+    def notices(self) -> List[str]:
+        """What happened on the way that a run should show (an expired lock broken)."""
+        return self.objects.notices
 
     def path(self, name: str) -> str:
-        """Absolute path of meta-state file ``name`` (which must be a known file)."""
+        """Absolute path of the whole file ``name`` in a local meta-state (for a keyed file: the
+        pre-migration file, which is read instead of the records while it exists)."""
         _check_name(name)
         return os.path.join(self.dir, name)
 
+    def record_path(self, name: str, key: str) -> str:
+        """Absolute path of record ``key`` of keyed file ``name`` in a local meta-state."""
+        return os.path.join(self.dir, *record_object(name, key).split("/"))
+
+    def _label_of(self, rel: str) -> str:
+        return self.objects.label(rel)
+
+    # -- reading ---------------------------------------------------------------
     def _read_bytes(self, name: str) -> Optional[bytes]:
-        return self._read(name)[0]
+        return self.objects.get(name)[0]
 
-    def _read(self, name: str) -> Tuple[Optional[bytes], Any]:
-        """(the bytes of file ``name`` or None when it does not exist, its signature)."""
+    def _decode(self, name: str, raw: Optional[bytes], rel: Optional[str] = None) -> Dict[str, Any]:
+        """The validated records of one object's bytes (None: a missing file, the empty shape);
+        errors name the object (``rel``, default the file)."""
         try:
-            with open(self.path(name), "rb") as handle:
-                raw = handle.read()
-                return raw, _signature(os.fstat(handle.fileno()))
-        except FileNotFoundError:
-            return None, None
-        except IsADirectoryError as exc:
-            raise MetaStateError("%s: is a directory, not a file" % _label(name)) from exc
-        except OSError as exc:
-            raise MetaStateError("%s: cannot read: %s" % (_label(name), exc.strerror or exc)) from exc
+            return self._decode_named(name, raw)
+        except MetaStateError as exc:
+            new = self._label_of(rel or name)
+            if new == _label(name):
+                raise
+            raise _relabel(exc, _label(name), new) from exc
 
-    def _decode(self, name: str, raw: Optional[bytes]) -> Dict[str, Any]:
-        """The validated records of one file's bytes (None: a missing file, the empty shape)."""
+    @staticmethod
+    def _decode_named(name: str, raw: Optional[bytes]) -> Dict[str, Any]:
         if raw is None:
             return empty(name)
         if not raw.strip():
@@ -710,194 +744,290 @@ class MetaState:
                                  "has no such records)" % (_label(name), DAMAGED))
         return validate(name, doc)
 
-    def _load_one(self, name: str) -> Tuple[Dict[str, Any], Optional[bytes]]:
-        raw, sig = self._read(name)
-        data = self._decode(name, raw)
-        self._summaries[name] = (sig, _summary(name, data if raw is not None else None))
-        return data, raw
+    def _decode_record(self, name: str, key: str, raw: bytes) -> Dict[str, Any]:
+        rel = record_object(name, key)
+        data = self._decode(name, raw, rel)
+        top = KEYED[name]
+        if list(data[top]) != [key] or set(data) != {top}:
+            raise MetaStateError("%s: must hold exactly the record '%s.%s' and nothing else (it holds %s); %s"
+                                 % (self._label_of(rel), top, key, ", ".join(
+                                     ["%s.%s" % (top, k) for k in data[top]] + [k for k in data if k != top]) or "nothing",
+                                    DAMAGED))
+        return data[top][key]
 
-    def _summary_of(self, name: str, fresh: bool = False) -> Dict[str, Any]:
-        if not fresh:
+    def _cached(self, name: str, count: int) -> Dict[str, Tuple[str, str]]:
+        texts = self._texts.get(name)
+        if texts is None:
+            texts = self._texts[name] = {}
+        if count >= CACHE_MIN and name not in self._disk_tried:
+            self._disk_tried.add(name)
             try:
-                sig = _signature(os.stat(self.path(name)))
-            except FileNotFoundError:
-                sig = None
-            except OSError:
-                sig = False  # unknown: read it (and report why it cannot be read)
-            cached = self._summaries.get(name)
-            if cached is not None and sig is not False and cached[0] == sig:
-                return cached[1]
-        self._load_one(name)
-        return self._summaries[name][1]
+                with open(os.path.join(self.objects.cache_dir(), stem(name) + ".json"), "r", encoding="utf-8") as fh:
+                    doc = json.load(fh)
+                if doc.get("format") == _CACHE_FORMAT and isinstance(doc.get("records"), dict):
+                    for key, (version, text) in doc["records"].items():
+                        texts.setdefault(key, (version, text))
+            except (OSError, ValueError, TypeError, AttributeError):
+                pass
+        return texts
 
-    def _contradiction(self, name: str, fresh: bool = False) -> List[str]:
-        summaries = {other: (self._summaries[name][1] if other == name else self._summary_of(other, fresh))
+    def _save_cache(self, name: str, texts: Dict[str, Tuple[str, str]]) -> None:
+        """Best effort: a reader that cannot write its cache just parses again next time."""
+        directory = self.objects.cache_dir()
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            write_atomic(os.path.join(directory, stem(name) + ".json"),
+                         json.dumps({"format": _CACHE_FORMAT, "where": self.where,
+                                     "records": {k: list(v) for k, v in texts.items()}}).encode("utf-8"), mode=0o600)
+        except OSError:
+            pass
+
+    def _read_keyed(self, name: str) -> _Read:
+        legacy_raw, legacy_version = self.objects.get(name)
+        if legacy_raw is not None:
+            # not migrated yet (or restored by hand): the whole file is what meta-state says
+            data = self._decode(name, legacy_raw)
+            return _Read(data, True, raw=legacy_raw, version=legacy_version, legacy=True)
+        top = KEYED[name]
+        listing = self.objects.listing(stem(name))
+        known = self._cached(name, len(listing))
+        texts: Dict[str, Tuple[str, str]] = {}
+        rest: Tuple[Optional[str], Dict[str, Any]] = (None, {})
+        parsed = 0
+        for fname, version in listing.items():
+            rel = "%s/%s" % (stem(name), fname)
+            if fname == REST:
+                raw, version = self.objects.get(rel)
+                if raw is not None:
+                    extra = self._decode(name, raw, rel)
+                    rest = (version, {k: v for k, v in extra.items() if k != top})
+                continue
+            key = fname[:-len(".yaml")]
+            if not NAME_RE.match(key):
+                raise MetaStateError("%s: is not a record file (a record is <name>.yaml, the name of an instance or "
+                                     "storage); remove or rename it" % self._label_of(rel))
+            hit = known.get(key)
+            if hit is not None and hit[0] == version:
+                texts[key] = hit
+                continue
+            raw, version = self.objects.get(rel)
+            if raw is None:
+                continue  # removed since the listing
+            texts[key] = (version or "", _text(self._decode_record(name, key, raw)))
+            parsed += 1
+        self._texts[name] = texts
+        if parsed and len(texts) >= CACHE_MIN:
+            self._save_cache(name, texts)
+        data: Dict[str, Any] = {top: {k: json.loads(texts[k][1]) for k in sorted(texts)}}
+        data.update(copy.deepcopy(rest[1]))
+        return _Read(data, bool(texts) or rest[0] is not None,
+                     versions={k: v for k, (v, _t) in texts.items()},
+                     texts={k: t for k, (_v, t) in texts.items()}, rest=rest)
+
+    def local_import(self) -> Optional["MetaState"]:
+        """An S3 meta-state that has no revision yet, in a tree whose ``meta-state/`` holds files:
+        the local meta-state it is read from until its first transaction imports it (None otherwise)."""
+        if self.objects.kind == "local" or self._revision()[0] > 0:
+            return None
+        local = MetaState(self.config_root, lock_timeout=self.lock_timeout, objects=LocalObjects(self.config_root))
+        if local.objects.exists() and any(local.exists(name) for name in FILES):
+            return local
+        return None
+
+    def _read_file(self, name: str, own: bool = False) -> _Read:
+        if not own and self.objects.kind != "local":
+            local = self.local_import()
+            if local is not None:
+                return local._read_file(name)
+        if name in KEYED:
+            return self._read_keyed(name)
+        raw, version = self.objects.get(name)
+        return _Read(self._decode(name, raw), raw is not None, raw=raw, version=version)
+
+    def _contradiction(self, name: str, read: _Read) -> List[str]:
+        summaries = {other: (_summary(name, read.data if read.present else None) if other == name
+                             else self._summary_full(other))
                      for other in partners([name], subject_only=True)}
         return _contradictions(summaries, [name], subject_only=True)
 
-    @contextlib.contextmanager
-    def _readers_lock(self) -> Iterator[None]:
-        """A shared ``flock`` on the lock file: no transaction commits while it is held (a
-        lock-free read can fall between two files of one commit). Best effort: a tree whose
-        lock file cannot be opened or locked (read-only, another thread's transaction) is
-        read as it is."""
-        fd: Optional[int] = None
-        if self.dir not in _held_set():
-            try:
-                fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
-                fd = None
-        try:
-            if fd is not None:
-                deadline = time.monotonic() + min(self.lock_timeout, 30.0)
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                        break
-                    except OSError as exc:
-                        if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
-                                or time.monotonic() >= deadline:
-                            break
-                    time.sleep(0.05)
-            yield
-        finally:
-            if fd is not None:
-                os.close(fd)
+    def _summary_full(self, name: str) -> Dict[str, Any]:
+        read = self._read_file(name)
+        return _summary(name, read.data if read.present else None)
 
-    def load_checked(self, name: str) -> Tuple[Dict[str, Any], Optional[bytes]]:
-        """(the records of ``name``, the bytes they were read from): :meth:`load` for the transaction."""
-        data, raw = self._load_one(name)
-        if self._contradiction(name):
-            # a commit may have replaced one file and not yet the other: look again while none runs
-            with self._readers_lock():
-                data, raw = self._load_one(name)
-                found = self._contradiction(name, fresh=True)
+    def _held(self) -> bool:
+        return self.objects.where in _held_set()
+
+    def _stable(self, read: Callable[[], Any]) -> Any:
+        """``read()`` while no commit runs: the revision object is read before and after, and only
+        a read between two identical revision objects that are not a commit's marker is returned
+        (a commit replaces it by its marker before its first record and by the next revision after
+        its last). Otherwise it waits for the writer (locally: a shared lock; S3: backoff) and reads
+        again. A marker left by a crashed commit whose lock is gone is read through (its objects
+        are each whole, some new, some old); after ``lock_timeout`` (at most 60 s) the last read is returned."""
+        if self._held():
+            return read()
+        deadline = time.monotonic() + min(self.lock_timeout, 60.0)
+        delay = 0.02
+        while True:
+            before = self.objects.get(REVISION)[0]
+            result = read()
+            after = self.objects.get(REVISION)[0]
+            if before == after and (not _committing(after) or not self.objects.lock_held()):
+                return result
+            if time.monotonic() >= deadline:
+                return result
+            if self.objects.kind == "local":
+                with self.objects.read_barrier(max(0.0, deadline - time.monotonic()), False):
+                    pass  # the writer is done once the shared lock is had
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _read_checked(self, name: str) -> _Read:
+        read = self._stable(lambda: self._read_file(name))
+        if self._contradiction(name, read):
+            # a commit may have replaced one object and not yet the other: look again while none runs
+            with self.objects.read_barrier(self.lock_timeout, self._held()):
+                read = self._read_file(name)
+                found = self._contradiction(name, read)
             if found:
                 raise MetaStateError("%s; %s" % (found[0], CONTRADICT))
-        return data, raw
+        return read
+
+    def load_checked(self, name: str) -> Tuple[Dict[str, Any], Optional[bytes]]:
+        """(the records of ``name``, the bytes of its whole file or None)."""
+        _check_name(name)
+        read = self._read_checked(name)
+        return read.data, read.raw
 
     def load(self, name: str) -> Dict[str, Any]:
-        """Read, validate and return file ``name`` (a fresh object; a missing file -> empty shape).
+        """Read, validate and return file ``name`` (a fresh object; missing -> the empty shape),
+        assembled from its records when it is kept per record.
 
-        Raises :class:`MetaStateError` naming the file when it is not whole (empty, cut short,
+        Raises :class:`MetaStateError` naming the file or record when it is not whole (empty, cut short,
         not YAML, the wrong shape) or contradicts the files it relates to (:data:`INVARIANTS`).
         """
         return self.load_checked(name)[0]
 
-    def exists(self, name: str) -> bool:
-        return os.path.isfile(self.path(name))
+    def load_record(self, name: str, key: str) -> Optional[Dict[str, Any]]:
+        """Record ``key`` of keyed file ``name`` (None when there is none), reading only it
+        (the whole file while it is not migrated)."""
+        rel = record_object(name, key)
+        legacy = self.objects.get(name)[0]
+        if legacy is not None:
+            return self._decode(name, legacy)[KEYED[name]].get(key)
+        raw = self.objects.get(rel)[0]
+        return None if raw is None else self._decode_record(name, key, raw)
 
+    def exists(self, name: str) -> bool:
+        _check_name(name)
+        if self.objects.get(name)[0] is not None:
+            return True
+        return name in KEYED and bool(self.objects.listing(stem(name)))
+
+    def revision(self) -> int:
+        """The revision of the last committed transaction (0: none yet)."""
+        return self._revision()[0]
+
+    def _revision(self) -> Tuple[int, Optional[str]]:
+        raw, version = self.objects.get(REVISION)
+        if raw is None:
+            return 0, None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+            number = int(doc["revision"])
+            if number < 0:
+                raise ValueError(number)
+            # a commit that crashed after its marker may have used the next number: never reuse it
+            number = max(number, int(doc.get("committing") or 0))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise MetaStateError("%s: is not a revision record ({\"revision\": <number>, ...}); %s"
+                                 % (self._label_of(REVISION), DAMAGED)) from exc
+        return number, version
+
+    # -- writing ---------------------------------------------------------------
     def check_writable(self, what: Optional[str] = None) -> Dict[str, Any]:
         """Prove that a transaction could write here, writing nothing that stays.
 
-        An existing meta-state directory: a probe file is created, fsynced and removed in it,
-        the store's lock is taken and released (``lock_timeout``; the lock file is the store's
-        own, kept as after any transaction) and no existing file is immutable (Linux
-        ``chattr +i``/``+a``: an atomic replace could not rename over it). A missing one: the
-        same probe in a temporary directory made and removed in the configuration root (where
-        the first transaction creates it). Raises :class:`NotWritable` naming the directory
-        (:class:`MetaStateError` when the lock cannot be taken).
+        Local: a probe file is created, fsynced and removed in ``meta-state/`` (in a temporary
+        directory of the configuration root when it does not exist yet), no file or record folder
+        is immutable (``chattr +i``/``+a``), the lock is taken and released. S3: the bucket
+        answers and the lock object is created and removed. Raises :class:`NotWritable` naming
+        the directory (:class:`MetaStateError` when the lock cannot be taken).
         Returns ``{path, exists}``.
         """
-        exists = os.path.isdir(self.dir)
-        if not exists and os.path.lexists(self.dir):
-            raise NotWritable("%s: %s is not a directory, so nothing can be recorded there"
-                              % (META_STATE_DIR, self.dir))
-        try:
-            if exists:
-                self._probe(self.dir)
-            else:
-                probe_dir = tempfile.mkdtemp(prefix=".%s-probe." % META_STATE_DIR, dir=self.config_root)
-                try:
-                    self._probe(probe_dir)
-                finally:
-                    os.rmdir(probe_dir)
-        except OSError as exc:
-            where = self.dir if exists else "%s (it does not exist yet and cannot be created in %s)" % (
-                self.dir, self.config_root)
-            raise NotWritable("%s: the directory %s cannot be written: %s"
-                              % (META_STATE_DIR, where, exc.strerror or exc)) from exc
-        if exists:
-            for name in sorted(FILES):
-                path = self.path(name)
-                if os.path.isfile(path) and _immutable(path):
-                    raise NotWritable("%s: %s is immutable or append-only (chattr), so it cannot be replaced"
-                                      % (_label(name), path))
-            lock = _Lock(self.dir, self.lock_timeout, what or _default_what())
-            lock.acquire()
-            lock.release()
-        return {"path": self.dir, "exists": exists}
-
-    @staticmethod
-    def _probe(directory: str) -> None:
-        """Create, write, fsync and remove a file in ``directory`` (OSError when it cannot)."""
-        fd, tmp = tempfile.mkstemp(prefix=".probe.", suffix=".tmp", dir=directory)
-        try:
-            os.write(fd, b"csis.infra write probe\n")
-            os.fsync(fd)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(fd)
-            os.unlink(tmp)
+        names = sorted(FILES) + sorted(stem(n) for n in KEYED) + [AUDIT_DIR, REVISION]
+        return self.objects.check_writable(self.lock_timeout, what or _default_what(), names)
 
     @contextlib.contextmanager
-    def transaction(self, what: Optional[str] = None) -> Iterator["Transaction"]:
-        """Hold the meta-state lock; write the files saved in it when the block exits normally.
+    def transaction(self, what: Optional[str] = None,
+                    context: Optional[Mapping[str, Any]] = None) -> Iterator["Transaction"]:
+        """Hold the meta-state lock; commit what was saved in it when the block exits normally.
 
-        ``what`` describes the writer (playbook, module) for the lock-holder message.
+        ``what`` describes the writer (playbook, module) for the lock-holder message and the
+        audit record; ``context`` (lifecycle, root, plan digest...) goes into the audit record.
         Raises :class:`MetaStateError` if the lock is not obtained within ``lock_timeout``
-        seconds, or on a nested transaction on the same tree in the same thread.
+        seconds, or on a nested transaction on the same meta-state in the same thread.
         """
         held = _held_set()
-        if self.dir in held:
+        where = self.objects.where
+        if where in held:
             raise MetaStateError("%s: a transaction on this meta-state is already open in this "
-                                 "thread; nest the work inside it instead" % _label(LOCK_NAME))
+                                 "thread; nest the work inside it instead" % self._label_of(LOCK_NAME))
+        self.objects.ensure()
+        lock = self.objects.lock(self.lock_timeout, what or _default_what())
+        held.add(where)
         try:
-            os.makedirs(self.dir, exist_ok=True)
-        except OSError as exc:
-            raise MetaStateError("%s: cannot create the directory: %s"
-                                 % (META_STATE_DIR, exc.strerror or exc)) from exc
-        lock = _Lock(self.dir, self.lock_timeout, what or _default_what())
-        lock.acquire()
-        held.add(self.dir)
-        try:
-            txn = Transaction(self)
+            txn = Transaction(self, lock, what or _default_what(), context)
             yield txn
             txn._commit()
         finally:
-            held.discard(self.dir)
+            held.discard(where)
             lock.release()
 
 
 class Transaction:
     """Reads and pending writes of one :meth:`MetaState.transaction`."""
 
-    def __init__(self, ms: MetaState) -> None:
+    def __init__(self, ms: MetaState, lock: Any = None, what: str = "", context: Optional[Mapping[str, Any]] = None) -> None:
         self._ms = ms
-        self._pending: Dict[str, Tuple[Dict[str, Any], bytes]] = {}
-        self._seen: Dict[str, Optional[bytes]] = {}
+        self._lock = lock
+        self._what = what
+        self._context = dict(context or {})
+        self._pending: Dict[str, Dict[str, Any]] = {}
+        self._records: Dict[Tuple[str, str], Optional[Dict[str, Any]]] = {}
+        self._seen: Dict[str, _Read] = {}
+        self._seen_records: Dict[Tuple[str, str], Tuple[Optional[str], Optional[str]]] = {}
         self._open = True
+        self._base_revision = ms._revision()
+        self._import = ms.local_import()
         self.written: List[str] = []
+        self.revision: Optional[int] = None
+        self.changes: List[Dict[str, Any]] = []
 
     @property
     def meta_state(self) -> MetaState:
         return self._ms
 
+    # -- whole files -----------------------------------------------------------
     def load(self, name: str) -> Dict[str, Any]:
-        """File ``name`` as saved earlier in this transaction, else freshly read from disk."""
+        """File ``name`` as saved earlier in this transaction, else freshly read."""
         _check_name(name)
         if name in self._pending:
-            return copy.deepcopy(self._pending[name][0])
-        data, raw = self._ms.load_checked(name)
-        self._seen[name] = raw
+            return copy.deepcopy(self._pending[name])
+        read = self._ms._read_checked(name)
+        self._seen[name] = read
+        data = read.data
+        if name in KEYED:
+            top = KEYED[name]
+            for (file, key), record in self._records.items():
+                if file == name:
+                    if record is None:
+                        data[top].pop(key, None)
+                    else:
+                        data[top][key] = copy.deepcopy(record)
         return data
 
-    def save(self, name: str, data: Mapping[str, Any]) -> None:
-        """Validate, scan and stage ``data`` as the new content of ``name``.
-
-        Raises :class:`MetaStateError` (and stages nothing) on a wrong shape, non-plain
-        data or secret-shaped values. The file is written when the transaction exits.
-        """
+    def _checked(self, name: str, data: Any) -> Dict[str, Any]:
         if not self._open:
             raise MetaStateError("%s: the transaction is closed" % _label(name))
         _check_name(name)
@@ -907,41 +1037,414 @@ class Transaction:
         if secrets:
             raise MetaStateError("%s: refusing to write secret-shaped data (nothing secret is "
                                  "ever written in clear): %s" % (_label(name), "; ".join(secrets)))
-        self._pending[name] = (checked, dumps(checked).encode("utf-8"))
+        return checked
 
+    def save(self, name: str, data: Mapping[str, Any]) -> None:
+        """Validate, scan and stage ``data`` as the new content of ``name``.
+
+        Raises :class:`MetaStateError` (and stages nothing) on a wrong shape, non-plain
+        data, a record name that cannot be stored or secret-shaped values. What changed is
+        written when the transaction exits.
+        """
+        checked = self._checked(name, data)
+        if name in KEYED:
+            for key in checked[KEYED[name]]:
+                record_object(name, key)
+        self._pending[name] = checked
+        for file_key in [fk for fk in self._records if fk[0] == name]:
+            del self._records[file_key]
+
+    # -- one record --------------------------------------------------------------
+    def load_record(self, name: str, key: str) -> Optional[Dict[str, Any]]:
+        """Record ``key`` of keyed file ``name`` (None: none), reading only that record."""
+        rel = record_object(name, key)
+        if name in self._pending:
+            return copy.deepcopy(self._pending[name][KEYED[name]].get(key))
+        if (name, key) in self._records:
+            return copy.deepcopy(self._records[(name, key)])
+        if name in self._seen:
+            return copy.deepcopy(self._seen[name].data[KEYED[name]].get(key))
+        legacy, _version = self._ms.objects.get(name)
+        if legacy is not None:
+            self.load(name)
+            return copy.deepcopy(self._seen[name].data[KEYED[name]].get(key))
+        raw, version = self._ms.objects.get(rel)
+        record = None if raw is None else self._ms._decode_record(name, key, raw)
+        self._seen_records[(name, key)] = (version, None if record is None else _text(record))
+        return record
+
+    def save_record(self, name: str, key: str, record: Optional[Mapping[str, Any]]) -> None:
+        """Stage ``record`` (None: remove it) as record ``key`` of keyed file ``name``; validated
+        and scanned as :meth:`save` does. Only that record is written (and read) at commit."""
+        record_object(name, key)
+        top = KEYED[name]
+        if record is None:
+            checked = None
+        else:
+            checked = self._checked(name, {top: {key: record}})[top][key]
+        if name in self._pending:
+            if checked is None:
+                self._pending[name][top].pop(key, None)
+            else:
+                self._pending[name][top][key] = checked
+            return
+        self._records[(name, key)] = checked
+
+    # -- commit ------------------------------------------------------------------
     def _commit(self) -> List[str]:
-        """Write every staged file whose bytes changed; return the names written."""
+        """Write every staged record or file that changed, the next revision and its audit record;
+        return the names of the files written."""
         self._open = False
+        ms, objects = self._ms, self._ms.objects
+        ops: List[Tuple[str, str, Optional[bytes], Optional[str], str]] = []  # (put|delete, object, payload, expect, file)
+        after: List[Tuple[str, Optional[str]]] = []  # legacy files removed once their records are written
+        keys: set = set()
+        full = False
+        if self._import is not None:
+            # the first transaction of an S3 meta-state imports the tree's local one, whole
+            for name in sorted(FILES):
+                if name not in self._pending:
+                    self._pending[name] = self.load(name)
+            self._records.clear()
+        pending = dict(self._pending)
+        for (name, key), record in self._records.items():
+            if name in pending:
+                continue
+            legacy = objects.get(name)[0]
+            if legacy is not None or name in self._seen:
+                # not migrated yet (or loaded whole in this transaction): commit the whole file
+                base = self.load(name) if name not in self._seen else copy.deepcopy(self._seen[name].data)
+                for (file2, key2), rec2 in self._records.items():
+                    if file2 == name:
+                        if rec2 is None:
+                            base[KEYED[name]].pop(key2, None)
+                        else:
+                            base[KEYED[name]][key2] = rec2
+                pending[name] = base
+                continue
+            self._plan_record(name, key, record, ops, keys)
+        for name, data in pending.items():
+            if name in KEYED:
+                full = self._plan_keyed(name, data, ops, after, keys) or full
+            else:
+                full = self._plan_whole(name, data, ops) or full
+        self._check_invariants(pending, keys, full)
+        if not ops and not after:
+            self.written = []
+            return []
+        number, version = self._base_revision
+        self.revision = number + 1
+        stamp = now_iso()
+        head = {"revision": number, "committing": self.revision, "time": stamp, "what": self._what}
+        try:
+            # the marker: readers wait for the commit; its condition is the base read at the start
+            marker = objects.put(REVISION, _revision_body(head), version or ABSENT)
+        except Conflict as exc:
+            raise Conflict("%s: another run committed since this transaction began (its lock must have "
+                           "expired and been broken), so nothing was written" % ms._label_of(REVISION)) from exc
+        except OSError as exc:
+            raise MetaStateError("%s: cannot write: %s (nothing was written)"
+                                 % (ms._label_of(REVISION), exc.strerror or exc)) from exc
+        if marker is None:
+            marker = objects.version(REVISION)
         written: List[str] = []
-        currents: Dict[str, Optional[bytes]] = {}
-        for name in self._pending:
-            # a file replaced here must be whole now: a damaged file is never overwritten silently
-            current = currents[name] = self._ms._read_bytes(name)
-            if name not in self._seen or self._seen[name] != current:
-                self._ms._decode(name, current)
-        # under the lock: a file read in this transaction (same signature) is not parsed again
-        view = {name: (_summary(name, self._pending[name][0]) if name in self._pending
-                       else self._ms._summary_of(name))
-                for name in partners(self._pending)}
-        found = _contradictions(view, self._pending)
+        for op, rel, payload, expect, name in ops:
+            if self._lock is not None:
+                self._lock.refresh()
+            try:
+                if op == "put":
+                    objects.put(rel, payload, expect)
+                else:
+                    objects.delete(rel, expect)
+            except OSError as exc:
+                raise MetaStateError("%s: cannot write: %s (written before it in this "
+                                     "transaction: %s)" % (ms._label_of(rel), exc.strerror or exc,
+                                                           ", ".join(written) or "none")) from exc
+            except Conflict as exc:
+                raise Conflict("%s (written before it in this transaction: %s)"
+                               % (exc, ", ".join(written) or "none")) from exc
+            if name not in written:
+                written.append(name)
+        try:
+            for rel, expect in after:
+                objects.delete(rel, expect)
+                if rel not in written:
+                    written.append(rel)
+            objects.put(audit_object(self.revision), self._audit(stamp).encode("utf-8"), ABSENT)
+            objects.put(REVISION, _revision_body({"revision": self.revision, "time": stamp, "what": self._what}), marker)
+        except OSError as exc:
+            raise MetaStateError("%s: cannot write: %s (the records were written: %s)"
+                                 % (ms._label_of(REVISION), exc.strerror or exc, ", ".join(written))) from exc
+        self.written = written
+        return self.written
+
+    def _audit(self, stamp: str) -> str:
+        doc = {"revision": self.revision, "time": stamp, "who": who(), "what": self._what,
+               "context": self._context, "changes": self.changes}
+        if find_secrets(doc):
+            doc["what"] = "<redacted: secret-shaped>" if find_secrets(self._what) else self._what
+            doc["context"] = {k: ("<redacted: secret-shaped>" if find_secrets(v) else v) for k, v in self._context.items()}
+        return HEADER + yaml.dump(doc, Dumper=meta_dumper(), sort_keys=True, default_flow_style=False) + FOOTER
+
+    def _plan_whole(self, name: str, data: Dict[str, Any], ops: List[Any]) -> bool:
+        ms = self._ms
+        payload = dumps(data).encode("utf-8")
+        current, version = ms.objects.get(name)
+        seen = None if self._import is not None else self._seen.get(name)
+        if seen is None or seen.raw != current:
+            old = ms._decode(name, current)  # a damaged file is never overwritten, even unread
+        else:
+            old = seen.data
+        if seen is not None and seen.version != version:
+            raise Conflict("%s: changed since this transaction read it, so it was not overwritten" % ms._label_of(name))
+        if current == payload or (current is None and data == empty(name)):
+            return False
+        ops.append(("put", name, payload, version or ABSENT, name))
+        self.changes.append({"file": name, "action": "changed" if current is not None else "created",
+                             "diff": short_diff(old, data)})
+        return any(name in files for files, _check in INVARIANTS)
+
+    def _plan_keyed(self, name: str, data: Dict[str, Any], ops: List[Any], after: List[Any], keys: set) -> bool:
+        ms, top = self._ms, KEYED[name]
+        if self._import is not None:
+            read = ms._read_file(name, own=True)
+            if not read.present:
+                for key in sorted(data[top]):
+                    ops.append(("put", record_object(name, key), dumps({top: {key: data[top][key]}}).encode("utf-8"),
+                                ABSENT, name))
+                self._plan_rest(name, {k: v for k, v in data.items() if k != top}, (None, {}), ops)
+                if data[top]:
+                    self.changes.append({"file": name, "action": "imported", "records": len(data[top]),
+                                         "from": self._import.dir})
+                return True
+        else:
+            read = self._seen.get(name) or ms._read_file(name)  # unread: every record decoded (damage refused)
+        rest = {k: v for k, v in data.items() if k != top}
+        if read.legacy:
+            # migration: every record written, records left from before removed, then the whole file
+            old = read.data
+            existing = ms.objects.listing(stem(name))
+            for key in sorted(data[top]):
+                rel = record_object(name, key)
+                ops.append(("put", rel, dumps({top: {key: data[top][key]}}).encode("utf-8"),
+                            existing.pop(key + ".yaml", None) or ABSENT, name))
+            for fname, version in sorted(existing.items()):
+                if fname != REST:
+                    ops.append(("delete", "%s/%s" % (stem(name), fname), None, version, name))
+            self._plan_rest(name, rest, (existing.get(REST), {}), ops, force=True)
+            after.append((name, read.version))
+            self.changes.append({"file": name, "action": "migrated", "records": len(data[top]),
+                                 "diff": short_diff(old, data)})
+            return True
+        changed = False
+        for key in sorted(data[top]):
+            record = data[top][key]
+            text = _text(record)
+            if read.texts.get(key) == text:
+                continue
+            rel = record_object(name, key)
+            ops.append(("put", rel, dumps({top: {key: record}}).encode("utf-8"), read.versions.get(key) or ABSENT, name))
+            before = json.loads(read.texts[key]) if key in read.texts else None
+            self._change(name, key, before, record)
+            keys.add(key)
+            changed = True
+        for key in sorted(set(read.texts) - set(data[top])):
+            ops.append(("delete", record_object(name, key), None, read.versions[key], name))
+            self._change(name, key, json.loads(read.texts[key]), None)
+            keys.add(key)
+            changed = True
+        changed = self._plan_rest(name, rest, read.rest, ops) or changed
+        return name == "storage.yaml" and changed and not read.present
+
+    def _plan_rest(self, name: str, rest: Dict[str, Any], base: Tuple[Optional[str], Dict[str, Any]],
+                   ops: List[Any], force: bool = False) -> bool:
+        version, old = base
+        rel = "%s/%s" % (stem(name), REST)
+        if rest == old and not (force and rest):
+            return False
+        if rest:
+            ops.append(("put", rel, dumps(rest).encode("utf-8"), version or ABSENT, name))
+        elif version is not None:
+            ops.append(("delete", rel, None, version, name))
+        else:
+            return False
+        self.changes.append({"file": name, "key": None, "action": "changed", "diff": short_diff(old, rest)})
+        return True
+
+    def _change(self, name: str, key: str, before: Optional[Dict[str, Any]], record: Optional[Dict[str, Any]]) -> None:
+        action = "created" if before is None else "deleted" if record is None else "changed"
+        self.changes.append({"file": name, "key": key, "action": action,
+                             "diff": short_diff(before if before is not None else _MISSING,
+                                                record if record is not None else _MISSING),
+                             "before": before, "after": record})
+
+    def _plan_record(self, name: str, key: str, record: Optional[Dict[str, Any]], ops: List[Any], keys: set) -> None:
+        ms, top = self._ms, KEYED[name]
+        rel = record_object(name, key)
+        if (name, key) in self._seen_records:
+            version, text = self._seen_records[(name, key)]
+        else:
+            raw, version = ms.objects.get(rel)
+            text = None if raw is None else _text(ms._decode_record(name, key, raw))  # damaged: refused
+        new = None if record is None else _text(record)
+        if new == text:
+            return
+        if record is None:
+            ops.append(("delete", rel, None, version, name))
+        else:
+            ops.append(("put", rel, dumps({top: {key: record}}).encode("utf-8"), version or ABSENT, name))
+        self._change(name, key, None if text is None else json.loads(text), record)
+        keys.add(key)
+
+    def _check_invariants(self, pending: Dict[str, Dict[str, Any]], keys: set, full: bool) -> None:
+        """Refuse a commit that would make files contradict each other. Every invariant relates
+        records of one name, so only the changed names are looked at (all of them when a whole
+        file in an invariant, or a not yet migrated one, changed)."""
+        ms = self._ms
+        involved = set(pending) | {name for name, _key in self._records}
+        if not involved or not (keys or full):
+            return
+        names = partners(involved)
+        view: Dict[str, Dict[str, Any]] = {}
+        for name in names:
+            if name in KEYED and not full and ms.objects.get(name)[0] is not None:
+                full = True
+        for name in names:
+            if name in pending:
+                data: Optional[Dict[str, Any]] = pending[name]
+            elif full or name not in KEYED:
+                read = ms._read_file(name)
+                data = read.data if read.present else None
+            else:
+                top = KEYED[name]
+                records = {}
+                for key in sorted(keys):
+                    if (name, key) in self._records:
+                        if self._records[(name, key)] is not None:
+                            records[key] = self._records[(name, key)]
+                        continue
+                    raw = ms.objects.get(record_object(name, key))[0]
+                    if raw is not None:
+                        records[key] = ms._decode_record(name, key, raw)
+                present = bool(records) or bool(ms.objects.listing(stem(name))) if name == "storage.yaml" else True
+                data = {top: records} if present else None
+                if data is not None and name in KEYED and any(n == name for n, _k in self._records):
+                    for (file2, key2), rec2 in self._records.items():
+                        if file2 == name and rec2 is None:
+                            data[top].pop(key2, None)
+            if data is not None and not full:
+                data = _restrict(name, data, keys)
+            view[name] = _summary(name, data)
+        found = _contradictions(view, involved)
         if found:
             raise MetaStateError("%s: the files would contradict each other after this change, so nothing "
                                  "was written" % found[0])
-        for name, (data, payload) in self._pending.items():
-            current = currents[name]
-            if current == payload:
+
+
+def _revision_body(doc: Mapping[str, Any]) -> bytes:
+    return (json.dumps(dict(doc), sort_keys=True) + "\n").encode("utf-8")
+
+
+def _restrict(name: str, data: Mapping[str, Any], keys: set) -> Dict[str, Any]:
+    """``data`` with only the records of ``keys`` (what the invariants compare name by name)."""
+    out = dict(data)
+    for top, kind in FILES[name]:
+        if kind is dict:
+            out[top] = {k: v for k, v in (data.get(top) or {}).items() if k in keys}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# history
+# ---------------------------------------------------------------------------
+
+def audit_trail(ms: MetaState, instance: Optional[str] = None, storage: Optional[str] = None,
+                root: Optional[str] = None, since: int = 0) -> List[Dict[str, Any]]:
+    """The audit records (oldest first) of revisions after ``since``; with a filter, only those that
+    changed instance ``instance`` / storage ``storage`` (a record of it, or a line of a whole file
+    naming it), or whose ``what`` or ``context`` names root ``root`` (their ``changes`` are kept whole)."""
+    out: List[Dict[str, Any]] = []
+    for fname in sorted(ms.objects.listing(AUDIT_DIR)):
+        try:
+            number = int(fname[:-len(".yaml")])
+        except ValueError:
+            continue
+        if number <= since:
+            continue
+        rel = "%s/%s" % (AUDIT_DIR, fname)
+        raw = ms.objects.get(rel)[0]
+        if raw is None:
+            continue
+        doc = _audit_doc(ms, rel, raw)
+        if _matches(doc, instance, storage, root):
+            out.append(doc)
+    return out
+
+
+def _audit_doc(ms: MetaState, rel: str, raw: bytes) -> Dict[str, Any]:
+    label = ms.objects.label(rel)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MetaStateError("%s: not UTF-8 text (byte %d)" % (label, exc.start)) from exc
+    if not text.startswith(HEADER) or not text.endswith(FOOTER):
+        raise MetaStateError("%s: is not a whole audit record (header or end line missing); %s" % (label, DAMAGED))
+    try:
+        doc = yaml.load(text, Loader=meta_loader())  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as exc:
+        raise MetaStateError("%s: YAML error: %s" % (label, exc)) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("changes"), list):
+        raise MetaStateError("%s: is not an audit record; %s" % (label, DAMAGED))
+    return doc
+
+
+_INSTANCE_FILES = ("launch-params.yaml", "instance-state.yaml", "pins.yaml", "verifications.yaml")
+_STORAGE_FILES = ("storage-state.yaml", "storage.yaml")
+
+
+def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str) -> bool:
+    if change.get("file") not in files:
+        return False
+    if change.get("key") == name:
+        return True
+    if change.get("key") is None and change.get("action") != "migrated":
+        return any(("." + name + ".") in ("." + line.split(":", 1)[0] + ".") for line in change.get("diff") or ())
+    return False
+
+
+def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[str], root: Optional[str]) -> bool:
+    changes = doc.get("changes") or []
+    if instance and not any(_names(c, _INSTANCE_FILES, instance) for c in changes):
+        return False
+    if storage and not any(_names(c, _STORAGE_FILES, storage) for c in changes):
+        return False
+    if root:
+        context = doc.get("context") or {}
+        if context.get("root") != root and root not in str(doc.get("what") or ""):
+            return False
+    return True
+
+
+def record_at(ms: MetaState, name: str, key: str, revision: int) -> Optional[Dict[str, Any]]:
+    """Record ``key`` of keyed file ``name`` as it was right after revision ``revision`` (None: it
+    did not exist): the last change of it up to that revision, else (changed only later) what the
+    first later change found, else (never changed since the trail began) the record as it is."""
+    record_object(name, key)
+    last: Any = _MISSING
+    later: Any = _MISSING
+    for doc in audit_trail(ms):
+        for change in doc.get("changes") or []:
+            if change.get("file") != name or change.get("key") != key or "after" not in change:
                 continue
-            if current is None and data == empty(name):
-                continue  # a missing file already reads as the empty shape
-            try:
-                _write_atomic(self._ms.path(name), payload)
-            except OSError as exc:
-                raise MetaStateError("%s: cannot write: %s (written before it in this "
-                                     "transaction: %s)" % (_label(name), exc.strerror or exc,
-                                                           ", ".join(written) or "none")) from exc
-            written.append(name)
-        self.written = written
-        return written
+            if int(doc.get("revision") or 0) <= revision:
+                last = change.get("after")
+            elif later is _MISSING:
+                later = change.get("before")
+    if last is not _MISSING:
+        return last
+    if later is not _MISSING:
+        return later
+    return ms.load_record(name, key)
 
 
 # ---------------------------------------------------------------------------
@@ -975,4 +1478,37 @@ def launched_instances(ms: MetaState) -> Dict[str, Dict[str, Any]]:
         gen = state.get("generation") or {}
         joined["generation"] = {"durable": gen.get("durable", 0), "ephemeral": gen.get("ephemeral", 0)}
         out[name] = joined
+    return out
+
+
+def history_report(config_root: str, instance: Optional[str] = None, storage: Optional[str] = None,
+                   root: Optional[str] = None, since: int = 0, revision: Optional[int] = None,
+                   details: bool = False) -> Dict[str, Any]:
+    """What ``csis_history`` returns: ``{where, revision, trail, as_of}``. ``trail``: the audit
+    records after ``since`` filtered as :func:`audit_trail` does (without the records' ``before``
+    and ``after`` unless ``details``); ``lines``: one line per change; ``as_of`` (with
+    ``revision`` and an instance or storage): its records as they were right after that revision."""
+    ms = MetaState(config_root)
+    trail = audit_trail(ms, instance=instance, storage=storage, root=root, since=since)
+    if not details:
+        for doc in trail:
+            for change in doc.get("changes") or []:
+                change.pop("before", None)
+                change.pop("after", None)
+    lines = []
+    for doc in trail:
+        who_ = doc.get("who") or {}
+        by = who_.get("awx_user_name") or who_.get("user") or "?"
+        if who_.get("awx_job_id"):
+            by += " (AWX job %s)" % who_["awx_job_id"]
+        for change in doc.get("changes") or [{}]:
+            head = "r%s %s %s: %s %s%s" % (doc.get("revision"), doc.get("time"), by, change.get("action", "-"),
+                                           change.get("file", ""), "/" + change["key"] if change.get("key") else "")
+            diff = "; ".join(change.get("diff") or [])
+            lines.append(head + (" [%s]" % doc.get("what") if doc.get("what") else "") + (" -- " + diff if diff else ""))
+    out: Dict[str, Any] = {"where": ms.where, "revision": ms.revision(), "trail": trail, "lines": lines, "as_of": None}
+    if revision is not None and (instance or storage):
+        files = ("launch-params.yaml", "instance-state.yaml") if instance else ("storage-state.yaml", "storage.yaml")
+        records = {name: record_at(ms, name, instance or storage, revision) for name in files}
+        out["as_of"] = {"revision": revision, "records": records}
     return out

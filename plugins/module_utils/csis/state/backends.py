@@ -1,0 +1,711 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Where meta-state lives: the two object stores behind :class:`~.store.MetaState`.
+
+Meta-state is a set of small objects named by relative paths (``pins.yaml``,
+``launch-params/web.yaml``, ``audit/00000012.yaml``, ...). A backend stores them and
+nothing else; what they mean (records, revisions, the audit trail) is :mod:`.store`'s.
+
+* :class:`LocalObjects` (the default): files under ``<config root>/meta-state/``; the
+  transaction lock is an exclusive ``flock`` on ``meta-state/.lock`` (the kernel drops it
+  when its holder dies); writes are atomic renames (:func:`~..fsutil.write_atomic`).
+* :class:`S3Objects`: objects under ``s3://<bucket>/<prefix>/meta-state/`` of an S3 state
+  backend declared in the tree (``cfg/_config.yml`` ``meta_state: {backend: s3,
+  state_backend: <name>, prefix: <optional>}``), reached with that backend's region,
+  profile and endpoint (:func:`~..aws.state_backend_access`; credentials from the
+  environment, never stored). The lock is the object ``meta-state/.lock``, created with
+  ``PutObject(IfNoneMatch="*")``; it names its holder and expires (``CSIS_META_STATE_LOCK_TTL``,
+  120 s by default; its holder renews it while it commits). An expired lock is broken with
+  a notice (``DeleteObject(IfMatch=<its ETag>)``).
+
+Both give every object a *version* (the local file's identity and size/times, the S3 ETag):
+:meth:`put` and :meth:`delete` take the version the writer read (``expect``) and raise
+:class:`Conflict` instead of overwriting anything that changed since (``IfMatch``; ``ABSENT``:
+``IfNoneMatch="*"``). :func:`open_objects` reads the tree's ``meta_state`` setting (only
+``cfg/_config.yml`` and ``cfg/state-backends*.yml``, never the whole tree).
+
+Plain Python: importable without Ansible.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import getpass
+import glob
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from .. import aws
+from ..config import models as m
+from ..errors import CsisError
+from ..fsutil import write_atomic
+from ..yamlio import meta_loader, yaml
+
+META_STATE_DIR = "meta-state"
+LOCK_NAME = ".lock"
+CONFIG_REL = "cfg/_config.yml"
+#: the default of ``lock_timeout`` (the Ansible variable ``csis_lock_timeout``), seconds
+DEFAULT_LOCK_TIMEOUT = 600.0
+#: how long an S3 lock lives unless its holder renews it, seconds
+DEFAULT_LOCK_TTL = 120.0
+#: ``expect`` of a write that requires the object not to exist
+ABSENT = "<absent>"
+#: one id per process: the run that holds a lock
+RUN_ID = uuid.uuid4().hex[:12]
+
+
+class MetaStateError(CsisError):
+    """Meta-state cannot be read, validated, locked or written.
+
+    The message always names the file or object (``meta-state/<file>``) it is about.
+    """
+
+
+class NotWritable(MetaStateError):
+    """The meta-state directory (or a file in it) cannot be written (:meth:`~.store.MetaState.check_writable`)."""
+
+
+class Conflict(MetaStateError):
+    """An object changed since the transaction read it: the write was refused, nothing overwritten."""
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def who(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """Who writes: the OS user and host, and AWX's user, job and workflow job when the run
+    passed them (``CSIS_AWX_USER_NAME``/``AWX_USER_NAME``, ``CSIS_AWX_JOB_ID``/``AWX_JOB_ID``/``JOB_ID``,
+    ``CSIS_AWX_WORKFLOW_JOB_ID``/``AWX_WORKFLOW_JOB_ID``)."""
+    env = os.environ if environ is None else environ
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    out: Dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid(), "run_id": RUN_ID}
+    for key, names in (("awx_user_name", ("CSIS_AWX_USER_NAME", "AWX_USER_NAME")),
+                       ("awx_job_id", ("CSIS_AWX_JOB_ID", "AWX_JOB_ID", "JOB_ID")),
+                       ("awx_workflow_job_id", ("CSIS_AWX_WORKFLOW_JOB_ID", "AWX_WORKFLOW_JOB_ID"))):
+        for name in names:
+            if (env.get(name) or "").strip():
+                out[key] = env[name].strip()
+                break
+    return out
+
+
+def default_what() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return argv0 or "python"
+
+
+def lock_timeout_default(environ: Optional[Mapping[str, str]] = None) -> float:
+    """``CSIS_LOCK_TIMEOUT`` (seconds) when set and positive, else :data:`DEFAULT_LOCK_TIMEOUT`."""
+    env = os.environ if environ is None else environ
+    try:
+        value = float((env.get("CSIS_LOCK_TIMEOUT") or "").strip() or DEFAULT_LOCK_TIMEOUT)
+    except ValueError:
+        value = DEFAULT_LOCK_TIMEOUT
+    return value if value >= 0 else DEFAULT_LOCK_TIMEOUT
+
+
+def holder_text(info: Mapping[str, Any], extra: bool = True) -> str:
+    """A lock holder as a message names it (``extra``: with its user, run and AWX job)."""
+    owner = info.get("owner") if isinstance(info.get("owner"), dict) else info
+    since = info.get("since") or info.get("created") or "?"
+    what = owner.get("what") or info.get("what") or "unknown"
+    text = "pid %s on host %s since %s (%s)" % (owner.get("pid", "?"), owner.get("host", "?"), since, what)
+    more = ["%s %s" % (k, owner[k]) for k in ("user", "run_id", "awx_job_id", "awx_user_name") if owner.get(k)]
+    return text + (" [%s]" % ", ".join(more) if more and extra else "")
+
+
+# --------------------------------------------------------------------------- local
+#: Linux FS_IOC_GETFLAGS (_IOR('f', 1, long)) and the flags that stop a rename over a file
+_FS_IOC_GETFLAGS = 0x80086601 if sys.maxsize > 2 ** 32 else 0x80046601
+_FS_IMMUTABLE_OR_APPEND = 0x00000010 | 0x00000020
+
+
+def immutable(path: str) -> bool:
+    """Whether ``path`` carries the immutable or append-only attribute (False when unknown)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        flags = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
+    except OSError:
+        return False  # a file system without attributes
+    finally:
+        os.close(fd)
+    return bool(int.from_bytes(flags[:4], sys.byteorder) & _FS_IMMUTABLE_OR_APPEND)
+
+
+def signature(st: os.stat_result) -> str:
+    """What changes whenever a file is replaced (atomic rename: a new inode) or rewritten."""
+    return "%d:%d:%d:%d:%d" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class FileLock:
+    """Exclusive ``flock`` on ``<dir>/.lock``; the holder describes itself in the file."""
+
+    def __init__(self, directory: str, timeout: float, what: str, poll: float = 0.05) -> None:
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.timeout = timeout
+        self.what = what
+        self.poll = poll
+        self.fd: Optional[int] = None
+
+    def _holder(self) -> str:
+        try:
+            with open(self.path, "r", encoding="utf-8") as handle:
+                info = json.loads(handle.read() or "{}")
+        except (OSError, ValueError):
+            info = {}
+        return holder_text(info, extra=False)
+
+    def acquire(self) -> None:
+        label = "%s/%s" % (META_STATE_DIR, LOCK_NAME)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise MetaStateError("%s: cannot open the lock file: %s" % (label, exc.strerror or exc)) from exc
+        deadline = time.monotonic() + max(0.0, self.timeout)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise MetaStateError("%s: cannot lock: %s" % (label, exc)) from exc
+                if time.monotonic() >= deadline:
+                    raise MetaStateError(
+                        "%s: meta-state is locked by %s; another csis.infra run is writing "
+                        "this tree. Wait for it, or if that process is gone the lock frees "
+                        "itself" % (label, self._holder()))
+                time.sleep(self.poll)
+            info = dict(who(), since=now_iso(), what=self.what)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode("utf-8"), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def refresh(self) -> None:
+        """Nothing to renew: the kernel holds the lock as long as the process lives."""
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.ftruncate(fd, 0)  # no stale description once nobody holds it
+        except OSError:
+            pass
+        finally:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
+class LocalObjects:
+    """Meta-state objects as files under ``<config root>/meta-state/``."""
+
+    kind = "local"
+
+    def __init__(self, config_root: str) -> None:
+        self.config_root = config_root
+        self.dir = os.path.join(config_root, META_STATE_DIR)
+        self.where = self.dir
+        self.notices: List[str] = []
+
+    def label(self, rel: str) -> str:
+        return "%s/%s" % (META_STATE_DIR, rel)
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.dir, *rel.split("/"))
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.dir)
+
+    def get(self, rel: str) -> Tuple[Optional[bytes], Optional[str]]:
+        """(the bytes of object ``rel`` or None when it does not exist, its version)."""
+        try:
+            with open(self.path(rel), "rb") as handle:
+                raw = handle.read()
+                return raw, signature(os.fstat(handle.fileno()))
+        except FileNotFoundError:
+            return None, None
+        except NotADirectoryError:
+            return None, None
+        except IsADirectoryError as exc:
+            raise MetaStateError("%s: is a directory, not a file" % self.label(rel)) from exc
+        except OSError as exc:
+            raise MetaStateError("%s: cannot read: %s" % (self.label(rel), exc.strerror or exc)) from exc
+
+    def version(self, rel: str) -> Optional[str]:
+        try:
+            return signature(os.stat(self.path(rel)))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise MetaStateError("%s: cannot read: %s" % (self.label(rel), exc.strerror or exc)) from exc
+
+    def listing(self, folder: str) -> Dict[str, str]:
+        """{file name: version} of the ``*.yaml`` objects directly in ``folder`` (none: {})."""
+        out: Dict[str, str] = {}
+        try:
+            with os.scandir(self.path(folder)) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".yaml") and not entry.name.startswith("."):
+                        try:
+                            out[entry.name] = signature(entry.stat(follow_symlinks=False))
+                        except FileNotFoundError:
+                            continue
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except OSError as exc:
+            raise MetaStateError("%s/: cannot list: %s" % (self.label(folder), exc.strerror or exc)) from exc
+        return out
+
+    def _check(self, rel: str, expect: Optional[str]) -> None:
+        if expect is None:
+            return
+        current = self.version(rel)
+        if current != (None if expect == ABSENT else expect):
+            raise Conflict("%s: changed since this transaction read it (%s), so it was not overwritten"
+                           % (self.label(rel), "it was created meanwhile" if expect == ABSENT else
+                              "removed meanwhile" if current is None else "replaced meanwhile"))
+
+    def put(self, rel: str, payload: bytes, expect: Optional[str] = None) -> None:
+        """Write ``payload`` atomically (under the transaction lock; ``expect``: the version read)."""
+        self._check(rel, expect)
+        path = self.path(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(path, payload)
+
+    def delete(self, rel: str, expect: Optional[str] = None) -> None:
+        self._check(rel, expect)
+        try:
+            os.unlink(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def ensure(self) -> None:
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as exc:
+            raise MetaStateError("%s: cannot create the directory: %s"
+                                 % (META_STATE_DIR, exc.strerror or exc)) from exc
+
+    def lock(self, timeout: float, what: str) -> FileLock:
+        lock = FileLock(self.dir, timeout, what)
+        lock.acquire()
+        return lock
+
+    @contextlib.contextmanager
+    def read_barrier(self, timeout: float, held: bool) -> Iterator[None]:
+        """A shared ``flock`` on the lock file: no transaction commits while it is held (a
+        lock-free read can fall between two objects of one commit). Best effort: a tree whose
+        lock file cannot be opened or locked (read-only, this thread's transaction) is read as it is."""
+        fd: Optional[int] = None
+        if not held:
+            try:
+                fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                fd = None
+        try:
+            if fd is not None:
+                deadline = time.monotonic() + min(timeout, 30.0)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                        break
+                    except OSError as exc:
+                        if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
+                                or time.monotonic() >= deadline:
+                            break
+                    time.sleep(0.05)
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def cache_dir(self) -> str:
+        return os.path.join(cache_home(), "local", _digest(self.dir))
+
+    def lock_held(self) -> bool:
+        """Whether a transaction holds the lock now (a shared ``flock`` cannot be had)."""
+        try:
+            fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
+    def check_writable(self, timeout: float, what: str, names: List[str]) -> Dict[str, Any]:
+        """A probe file created, fsynced and removed; no existing file immutable; the lock taken
+        and released. A missing directory: the same probe in a temporary directory made and
+        removed in the configuration root (where the first transaction creates it)."""
+        exists = os.path.isdir(self.dir)
+        if not exists and os.path.lexists(self.dir):
+            raise NotWritable("%s: %s is not a directory, so nothing can be recorded there"
+                              % (META_STATE_DIR, self.dir))
+        try:
+            if exists:
+                _probe(self.dir)
+            else:
+                probe_dir = tempfile.mkdtemp(prefix=".%s-probe." % META_STATE_DIR, dir=self.config_root)
+                try:
+                    _probe(probe_dir)
+                finally:
+                    os.rmdir(probe_dir)
+        except OSError as exc:
+            where = self.dir if exists else "%s (it does not exist yet and cannot be created in %s)" % (
+                self.dir, self.config_root)
+            raise NotWritable("%s: the directory %s cannot be written: %s"
+                              % (META_STATE_DIR, where, exc.strerror or exc)) from exc
+        if exists:
+            for rel in names:
+                path = self.path(rel)
+                if os.path.exists(path) and immutable(path):
+                    raise NotWritable("%s: %s is immutable or append-only (chattr), so it cannot be replaced"
+                                      % (self.label(rel), path))
+            self.lock(timeout, what).release()
+        return {"path": self.dir, "exists": exists}
+
+
+def _probe(directory: str) -> None:
+    """Create, write, fsync and remove a file in ``directory`` (OSError when it cannot)."""
+    fd, tmp = tempfile.mkstemp(prefix=".probe.", suffix=".tmp", dir=directory)
+    try:
+        os.write(fd, b"csis.infra write probe\n")
+        os.fsync(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+        os.unlink(tmp)
+
+
+def cache_home() -> str:
+    """Where readers keep their copy of what they parsed (``$CSIS_META_STATE_CACHE`` or
+    ``$XDG_CACHE_HOME/csis.infra/meta-state``): derived data, safe to delete."""
+    explicit = os.environ.get("CSIS_META_STATE_CACHE")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "csis.infra", "meta-state")
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+# --------------------------------------------------------------------------- s3
+def _s3_error(label: str, action: str, exc: BaseException) -> MetaStateError:
+    return MetaStateError("%s: cannot %s: %s" % (label, action, aws.error_text(exc)))
+
+
+class S3Lock:
+    """The lock object ``<prefix>/meta-state/.lock`` (see the module docstring)."""
+
+    def __init__(self, objects: "S3Objects", timeout: float, what: str, ttl: float,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.objects = objects
+        self.timeout = timeout
+        self.what = what
+        self.ttl = ttl
+        self.sleep = sleep
+        self.etag: Optional[str] = None
+        self.renewed = 0.0
+
+    def _body(self) -> bytes:
+        created = time.time()
+        info = {"owner": dict(who(), what=self.what), "created": now_iso(),
+                "expires": _dt.datetime.fromtimestamp(created + self.ttl, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "expires_epoch": created + self.ttl}
+        return (json.dumps(info, sort_keys=True) + "\n").encode("utf-8")
+
+    def acquire(self) -> None:
+        label = self.objects.label(LOCK_NAME)
+        deadline = time.monotonic() + max(0.0, self.timeout)
+        delay = 0.1
+        while True:
+            try:
+                self.etag = self.objects.put(LOCK_NAME, self._body(), ABSENT)
+                self.renewed = time.monotonic()
+                return
+            except Conflict:
+                pass
+            raw, etag = self.objects.get(LOCK_NAME)
+            if raw is None:
+                continue  # released meanwhile: try again at once
+            try:
+                info = json.loads(raw.decode("utf-8"))
+                expires = float(info.get("expires_epoch"))
+            except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+                info, expires = {}, 0.0  # not a lock csis.infra wrote: treat it as expired
+            if time.time() >= expires:
+                try:
+                    self.objects.delete(LOCK_NAME, etag)
+                    self.objects.notices.append(
+                        "%s: broke the expired lock of %s (it expired at %s and was not renewed: its holder "
+                        "is gone)" % (label, holder_text(info), info.get("expires", "?")))
+                except Conflict:
+                    pass  # someone else broke or renewed it
+                continue
+            if time.monotonic() >= deadline:
+                raise MetaStateError(
+                    "%s: meta-state is locked by %s (until %s unless renewed); another csis.infra run is "
+                    "writing this tree. Waited %.0f s (lock_timeout / csis_lock_timeout)"
+                    % (label, holder_text(info), info.get("expires", "?"), self.timeout))
+            self.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 5.0)
+
+    def refresh(self) -> None:
+        """Renew the lock when half its life is gone (the holder commits for a long time)."""
+        if self.etag is None or time.monotonic() - self.renewed < self.ttl / 2:
+            return
+        try:
+            self.etag = self.objects.put(LOCK_NAME, self._body(), self.etag)
+            self.renewed = time.monotonic()
+        except Conflict as exc:
+            raise MetaStateError("%s: this run's lock was broken by another run (it expired), so nothing more "
+                                 "is written" % self.objects.label(LOCK_NAME)) from exc
+
+    def release(self) -> None:
+        if self.etag is None:
+            return
+        etag, self.etag = self.etag, None
+        try:
+            self.objects.delete(LOCK_NAME, etag)
+        except MetaStateError:
+            pass  # broken meanwhile, or the endpoint is gone: it expires by itself
+
+
+class S3Objects:
+    """Meta-state objects under ``s3://<bucket>/<prefix>/meta-state/``."""
+
+    kind = "s3"
+
+    def __init__(self, access: Mapping[str, Any], bucket: str, prefix: str = "",
+                 client: Any = None, lock_ttl: Optional[float] = None) -> None:
+        self.access = dict(access)
+        self.bucket = bucket
+        self.base = "%s%s/" % ((prefix.strip("/") + "/") if prefix.strip("/") else "", META_STATE_DIR)
+        self.where = "s3://%s/%s" % (bucket, self.base.rstrip("/"))
+        self._client = client
+        self.notices: List[str] = []
+        try:
+            env_ttl = float(os.environ.get("CSIS_META_STATE_LOCK_TTL") or 0)
+        except ValueError:
+            env_ttl = 0.0
+        self.lock_ttl = float(lock_ttl or env_ttl or DEFAULT_LOCK_TTL)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = aws.client("s3", self.access)
+        return self._client
+
+    def label(self, rel: str) -> str:
+        return "s3://%s/%s%s" % (self.bucket, self.base, rel)
+
+    def exists(self) -> bool:
+        try:
+            return bool(self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.base, MaxKeys=1).get("KeyCount"))
+        except Exception as exc:  # noqa: BLE001 - every botocore error is reported
+            raise _s3_error(self.where, "list", exc) from exc
+
+    def get(self, rel: str) -> Tuple[Optional[bytes], Optional[str]]:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self.base + rel)
+            return resp["Body"].read(), resp.get("ETag")
+        except Exception as exc:  # noqa: BLE001
+            if aws.error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None, None
+            raise _s3_error(self.label(rel), "read", exc) from exc
+
+    def version(self, rel: str) -> Optional[str]:
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self.base + rel).get("ETag")
+        except Exception as exc:  # noqa: BLE001
+            if aws.error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise _s3_error(self.label(rel), "read", exc) from exc
+
+    def listing(self, folder: str) -> Dict[str, str]:
+        prefix = self.base + folder.strip("/") + "/"
+        out: Dict[str, str] = {}
+        token: Optional[str] = None
+        while True:
+            kw: Dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            if token:
+                kw["ContinuationToken"] = token
+            try:
+                resp = self.client.list_objects_v2(**kw)
+            except Exception as exc:  # noqa: BLE001
+                raise _s3_error(self.label(folder) + "/", "list", exc) from exc
+            for obj in resp.get("Contents") or ():
+                name = obj["Key"][len(prefix):]
+                if name.endswith(".yaml") and not name.startswith("."):
+                    out[name] = obj.get("ETag")
+            if not resp.get("IsTruncated"):
+                return out
+            token = resp.get("NextContinuationToken")
+
+    def put(self, rel: str, payload: bytes, expect: Optional[str] = None) -> Optional[str]:
+        kw: Dict[str, Any] = {"Bucket": self.bucket, "Key": self.base + rel, "Body": payload,
+                              "ContentType": "application/yaml" if rel.endswith(".yaml") else "application/json"}
+        if expect == ABSENT:
+            kw["IfNoneMatch"] = "*"
+        elif expect is not None:
+            kw["IfMatch"] = expect
+        try:
+            return self.client.put_object(**kw).get("ETag")
+        except Exception as exc:  # noqa: BLE001
+            if aws.error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                raise Conflict("%s: changed since this transaction read it (%s), so it was not overwritten"
+                               % (self.label(rel), "it was created meanwhile" if expect == ABSENT
+                                  else "its ETag is no longer %s" % expect)) from exc
+            raise _s3_error(self.label(rel), "write", exc) from exc
+
+    def delete(self, rel: str, expect: Optional[str] = None) -> None:
+        kw: Dict[str, Any] = {"Bucket": self.bucket, "Key": self.base + rel}
+        if expect not in (None, ABSENT):
+            kw["IfMatch"] = expect
+        try:
+            self.client.delete_object(**kw)
+        except Exception as exc:  # noqa: BLE001
+            code = aws.error_code(exc)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return
+            if code in ("PreconditionFailed", "412"):
+                raise Conflict("%s: changed since this transaction read it, so it was not removed"
+                               % self.label(rel)) from exc
+            raise _s3_error(self.label(rel), "remove", exc) from exc
+
+    def ensure(self) -> None:
+        """Nothing to create: the bucket is the state backend's."""
+
+    def lock(self, timeout: float, what: str) -> S3Lock:
+        lock = S3Lock(self, timeout, what, self.lock_ttl)
+        lock.acquire()
+        return lock
+
+    @contextlib.contextmanager
+    def read_barrier(self, timeout: float, held: bool) -> Iterator[None]:
+        """No shared lock in S3: the second look is simply a fresh read."""
+        yield
+
+    def lock_held(self) -> bool:
+        """Whether a lock object exists that has not expired."""
+        raw = self.get(LOCK_NAME)[0]
+        if raw is None:
+            return False
+        try:
+            return time.time() < float(json.loads(raw.decode("utf-8")).get("expires_epoch"))
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+            return False
+
+    def cache_dir(self) -> str:
+        ep = (self.access.get("endpoints") or {}).get("s3") or ""
+        return os.path.join(cache_home(), "s3", _digest("%s|%s|%s" % (ep, self.bucket, self.base)))
+
+    def check_writable(self, timeout: float, what: str, names: List[str]) -> Dict[str, Any]:
+        """The bucket answers and the lock can be taken and released."""
+        exists = self.exists()
+        self.lock(timeout, what).release()
+        return {"path": self.where, "exists": exists}
+
+
+# --------------------------------------------------------------------------- the setting
+def _read_yaml(path: str, shown: str) -> Any:
+    try:
+        with open(path, "rb") as handle:
+            return yaml.load(handle.read().decode("utf-8"), Loader=meta_loader())  # noqa: S506 - a SafeLoader
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise MetaStateError("%s: cannot read the meta_state setting: %s" % (shown, exc)) from exc
+
+
+def read_setting(config_root: str) -> Optional[Any]:
+    """The tree's ``meta_state`` setting (a :class:`~..config.models.MetaStateSetting`), None when
+    ``cfg/_config.yml`` is missing or does not set it. Raises :class:`MetaStateError` naming the key."""
+    path = os.path.join(config_root, *CONFIG_REL.split("/"))
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as handle:
+        if b"meta_state" not in handle.read():
+            return None  # the common case, without parsing anything
+    raw = _read_yaml(path, CONFIG_REL)
+    value = raw.get("meta_state") if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    try:
+        return m.MetaStateSetting.model_validate(value)
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, or pydantic missing
+        raise MetaStateError("%s: 'meta_state' is not valid: %s" % (CONFIG_REL, _short(exc))) from exc
+
+
+def _short(exc: BaseException) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join("%s: %s" % (".".join(str(p) for p in e.get("loc", ())) or "meta_state", e.get("msg"))
+                             for e in errors(include_url=False))
+        except TypeError:
+            pass
+    return str(exc)
+
+
+def find_state_backend(config_root: str, name: str) -> Tuple[Optional[Any], str, List[str]]:
+    """(the state backend ``name`` declared in ``cfg/state-backends*.yml`` or None, the file it is in,
+    every declared name)."""
+    names: List[str] = []
+    for path in sorted(glob.glob(os.path.join(config_root, "cfg", "state-backends*.yml"))):
+        shown = os.path.relpath(path, config_root)
+        raw = _read_yaml(path, shown)
+        for entry in (raw or {}).get("state_backends") or [] if isinstance(raw, dict) else []:
+            if not isinstance(entry, dict):
+                continue
+            names.append(str(entry.get("name")))
+            if entry.get("name") == name:
+                try:
+                    return m.StateBackend.model_validate(entry), shown, names
+                except Exception as exc:  # noqa: BLE001
+                    raise MetaStateError("%s: state backend '%s' is not valid: %s" % (shown, name, _short(exc))) from exc
+    return None, "cfg/state-backends*.yml", names
+
+
+def open_objects(config_root: str) -> Any:
+    """The backend the tree at ``config_root`` declares (:class:`LocalObjects` by default)."""
+    setting = read_setting(config_root)
+    if setting is None or setting.backend == "local":
+        return LocalObjects(config_root)
+    backend, shown, names = find_state_backend(config_root, setting.state_backend)
+    if backend is None:
+        raise MetaStateError("%s: 'meta_state.state_backend' names '%s', which is not a state backend declared in %s "
+                             "(declared: %s)" % (CONFIG_REL, setting.state_backend, shown, ", ".join(names) or "none"))
+    if backend.type != "s3":
+        raise MetaStateError("%s: 'meta_state.state_backend' names '%s', a %s state backend (%s); the s3 meta-state "
+                             "needs an s3 one" % (CONFIG_REL, setting.state_backend, backend.type, shown))
+    return S3Objects(aws.state_backend_access(backend), backend.bucket, setting.prefix or "")

@@ -1,0 +1,99 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_history
+short_description: The audit trail of a csis.infra meta-state, and a record as of a revision
+version_added: 0.1.0
+description:
+  - Every committed meta-state transaction has a revision number and one audit record (who, when, what,
+    which records changed with a short diff). This module lists them, oldest first, filtered by instance,
+    storage or root, and shows the records of an instance or a storage as they were right after a revision.
+  - Reads through the meta-state store (local C(meta-state/) or the S3 store C(cfg/_config.yml) declares);
+    writes nothing.
+extends_documentation_fragment:
+  - csis.infra.controller.config_root
+options:
+  instance:
+    description: Only the revisions that changed this instance's records. At most one of I(instance) and I(storage).
+    type: str
+  storage:
+    description: Only the revisions that changed this storage's records.
+    type: str
+  root:
+    description: Only the revisions whose writer or context names this terraform root.
+    type: str
+  since:
+    description: Only the revisions after this one.
+    type: int
+    default: 0
+  revision:
+    description: With I(instance) or I(storage), return its records as they were right after this revision (C(as_of)).
+    type: int
+  details:
+    description: Return each changed record's full C(before) and C(after) in the trail.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Show what happened to test2
+  csis.infra.csis_history:
+    config_root: examples
+    instance: test2
+
+- name: Show test2's records as of revision 12
+  csis.infra.csis_history:
+    config_root: examples
+    instance: test2
+    revision: 12
+"""
+
+RETURN = r"""
+where:
+  description: Where the meta-state lives (a directory, or C(s3://bucket/prefix/meta-state)).
+  returned: success
+  type: str
+revision:
+  description: The revision of the last committed transaction (0 when none).
+  returned: success
+  type: int
+trail:
+  description: The audit records, oldest first (C(revision), C(time), C(who), C(what), C(context), C(changes)).
+  returned: success
+  type: list
+  elements: dict
+lines:
+  description: One line per change, for people.
+  returned: success
+  type: list
+  elements: str
+as_of:
+  description: C({revision, records}) with the records of I(instance) or I(storage) as of I(revision) (null otherwise).
+  returned: success
+  type: dict
+"""
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
+
+
+def _history(module, p):
+    out = history_report(p["config_root"], instance=p["instance"], storage=p["storage"], root=p["root"],
+                         since=p["since"], revision=p["revision"], details=p["details"])
+    return dict(changed=False, **out)
+
+
+def main():
+    run_module(_history, argument_spec(CONFIG_ROOT_ARGS, instance=dict(type="str"), storage=dict(type="str"),
+                                       root=dict(type="str"), since=dict(type="int", default=0),
+                                       revision=dict(type="int"), details=dict(type="bool", default=False)),
+               requires=("PyYAML",), mutually_exclusive=[("instance", "storage")], supports_check_mode=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+# -*- coding: utf-8 -*-
+"""The S3 meta-state store (issue 10) against the session's moto server: two checkouts that
+share only the endpoint, a waiting second writer, a SIGKILLed holder's lock broken once it
+expired, a lost update refused, the migration of a checkout's local meta-state, and the
+inventory plugin listing what the other checkout recorded. boto3 only: no terraform."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (
+    Conflict, MetaState, MetaStateError, audit_trail, launched_instances, record_at)
+
+import local_aws  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+COLLECTIONS = REPO / ".venv" / "collections"
+LP, IS = "launch-params.yaml", "instance-state.yaml"
+
+
+@pytest.fixture
+def aws_env(moto_endpoint, monkeypatch, tmp_path):
+    for key, value in moto_endpoint.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CSIS_META_STATE_CACHE", str(tmp_path / "reader-cache"))
+    return dict(os.environ)
+
+
+@pytest.fixture
+def checkouts(tmp_path, moto_endpoint, aws_env):
+    """make(name) -> a tree declaring an S3 meta-state under one prefix shared by every checkout."""
+    prefix = "test-%s" % uuid.uuid4().hex[:10]
+
+    def make(name: str) -> Path:
+        root = tmp_path / name
+        if (root / "cfg").is_dir():
+            return root
+        (root / "cfg").mkdir(parents=True)
+        (root / "cfg" / "_config.yml").write_text(yaml.safe_dump({
+            "id": "s3-store", "config": {},
+            "meta_state": {"backend": "s3", "state_backend": "shared", "prefix": prefix}}))
+        (root / "cfg" / "state-backends.yml").write_text(yaml.safe_dump({"state_backends": [{
+            "name": "shared", "type": "s3", "bucket": local_aws.STATE_BUCKET, "key": "statefiles/%s" % prefix,
+            "region": local_aws.REGION, "endpoints": {"url": moto_endpoint.url}, "use_path_style": True}]}))
+        return root
+    make.prefix = prefix  # type: ignore[attr-defined]
+    return make
+
+
+def _launch(**extra):
+    return dict({"image": "base", "launched": True, "group": "team"}, **extra)
+
+
+def _current(iid):
+    return {"generation": {"durable": 1, "ephemeral": 0}, "current": {"number": 1, "kind": "durable", "instance_id": iid}}
+
+
+def _s3_keys(moto_endpoint, prefix):
+    s3 = moto_endpoint.client("s3")
+    resp = s3.list_objects_v2(Bucket=local_aws.STATE_BUCKET, Prefix=prefix + "/")
+    return sorted(o["Key"][len(prefix) + 1:] for o in resp.get("Contents") or ())
+
+
+def test_two_checkouts_share_records_revisions_and_history(checkouts, moto_endpoint):
+    a, b = MetaState(str(checkouts("a"))), MetaState(str(checkouts("b")))
+    assert a.backend == "s3" and a.where == b.where
+    with a.transaction("apply from A", context={"root": "instances-aws"}) as txn:
+        txn.save_record(LP, "web", _launch())
+        txn.save_record(IS, "web", _current("i-1"))
+    assert sorted(launched_instances(b)) == ["web"]
+    assert b.load(IS)["instances"]["web"]["current"]["instance_id"] == "i-1"
+    assert not os.path.exists(os.path.join(b.config_root, "meta-state"))  # nothing local
+    with b.transaction("change from B") as txn:
+        rec = txn.load_record(LP, "web")
+        rec["alias"] = "db"
+        txn.save_record(LP, "web", rec)
+    assert a.load(LP)["instances"]["web"]["alias"] == "db" and a.revision() == 2
+    assert _s3_keys(moto_endpoint, checkouts.prefix) == [
+        "meta-state/audit/00000001.yaml", "meta-state/audit/00000002.yaml", "meta-state/instance-state/web.yaml",
+        "meta-state/launch-params/web.yaml", "meta-state/revision.yaml"]
+    trail = audit_trail(a, instance="web")
+    assert [(d["revision"], d["what"]) for d in trail] == [(1, "apply from A"), (2, "change from B")]
+    assert [d["revision"] for d in audit_trail(a, root="instances-aws")] == [1]
+    assert "alias" not in record_at(a, LP, "web", 1) and record_at(b, LP, "web", 2)["alias"] == "db"
+    # no credential of any kind went into the store
+    s3 = moto_endpoint.client("s3")
+    for key in _s3_keys(moto_endpoint, checkouts.prefix):
+        body = s3.get_object(Bucket=local_aws.STATE_BUCKET, Key="%s/%s" % (checkouts.prefix, key))["Body"].read()
+        assert os.environ["AWS_SECRET_ACCESS_KEY"].encode() not in body
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {collections!r})
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+    ms = MetaState({root!r})
+    with ms.transaction("holder") as txn:
+        txn.save_record("launch-params.yaml", "held", {{"launched": True}})
+        print("LOCKED", flush=True)
+        time.sleep({hold})
+    print("DONE", flush=True)
+""")
+
+
+def _holder(root, hold, env):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(collections=str(COLLECTIONS), root=str(root), hold=hold)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "LOCKED"
+    return proc
+
+
+def test_a_second_writer_waits_then_sees_the_first(checkouts, aws_env):
+    a, b = checkouts("a"), checkouts("b")
+    proc = _holder(a, 1.5, aws_env)
+    try:
+        started = time.monotonic()
+        ms = MetaState(str(b), lock_timeout=30)
+        with ms.transaction("waiter") as txn:
+            waited = time.monotonic() - started
+            assert txn.load_record(LP, "held") == {"launched": True}  # the holder's commit, read under the lock
+            txn.save_record(LP, "second", {"launched": True})
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == 0 and waited >= 0.8
+    assert sorted(ms.load(LP)["instances"]) == ["held", "second"]
+    # a writer that cannot wait long enough fails naming the holder
+    proc = _holder(a, 3, aws_env)
+    try:
+        with pytest.raises(MetaStateError, match=r"meta-state/\.lock: meta-state is locked by pid %d on host .* \(holder\)"
+                           % proc.pid):
+            with MetaState(str(b), lock_timeout=0.5).transaction("impatient"):
+                pytest.fail("must not get the lock")
+    finally:
+        proc.wait(timeout=30)
+
+
+def test_a_killed_holders_lock_expires_and_is_broken(checkouts, aws_env):
+    a, b = checkouts("a"), checkouts("b")
+    env = dict(aws_env, CSIS_META_STATE_LOCK_TTL="2")
+    proc = _holder(a, 60, env)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    ms = MetaState(str(b), lock_timeout=30)
+    started = time.monotonic()
+    with ms.transaction("after the kill") as txn:
+        txn.save_record(LP, "next", {"launched": True})
+    assert time.monotonic() - started < 20
+    assert len(ms.notices) == 1 and "broke the expired lock of pid %d" % proc.pid in ms.notices[0]
+    assert sorted(ms.load(LP)["instances"]) == ["next"]  # the killed holder committed nothing
+
+
+def test_a_lost_update_is_refused_and_overwrites_nothing(checkouts, aws_env):
+    a, b = MetaState(str(checkouts("a"))), MetaState(str(checkouts("b")))
+    with a.transaction() as txn:
+        txn.save_record(LP, "web", _launch())
+    stale = store.Transaction(a, None, "slow writer")  # its lock expired and was broken, say
+    rec = stale.load_record(LP, "web")
+    rec["alias"] = "stale"
+    stale.save_record(LP, "web", rec)
+    with b.transaction("fast writer") as txn:
+        txn.save_record(LP, "web", _launch(alias="fresh"))
+    with pytest.raises(Conflict, match=r"revision.yaml: another run committed since this transaction began"):
+        stale._commit()
+    assert b.load(LP)["instances"]["web"]["alias"] == "fresh" and b.revision() == 2
+    # the record's own condition (IfMatch on the ETag read) holds even if the revision did not move
+    stale = store.Transaction(a, None, "slow writer")
+    rec = stale.load_record(LP, "web")
+    rec["alias"] = "stale"
+    stale.save_record(LP, "web", rec)
+    b.objects.put("launch-params/web.yaml", store.dumps({"instances": {"web": _launch(alias="behind")}}).encode())
+    with pytest.raises(Conflict, match=r"launch-params/web.yaml: changed since this transaction read it"):
+        stale._commit()
+    assert b.load(LP)["instances"]["web"]["alias"] == "behind"
+
+
+def test_a_checkouts_local_meta_state_migrates_into_s3(checkouts, moto_endpoint):
+    a = checkouts("a")
+    os.makedirs(a / "meta-state")
+    (a / "meta-state" / LP).write_text(yaml.safe_dump({"instances": {"web": _launch(), "old": _launch(launched=False)}}))
+    (a / "meta-state" / "runs.yaml").write_text(yaml.safe_dump({"runs": [{"run": "r1"}]}))
+    ms = MetaState(str(a))
+    assert sorted(launched_instances(ms)) == ["web"]  # read from the checkout until the first transaction
+    assert MetaState(str(checkouts("b"))).load(LP) == {"instances": {}}  # not in S3 yet
+    with ms.transaction("first s3 transaction") as txn:
+        txn.save_record(IS, "web", _current("i-9"))
+    b = MetaState(str(checkouts("b")))
+    assert sorted(b.load(LP)["instances"]) == ["old", "web"]
+    assert b.load("runs.yaml") == {"runs": [{"run": "r1"}]}
+    assert b.load(IS)["instances"]["web"]["current"]["instance_id"] == "i-9"
+    changes = audit_trail(b)[0]["changes"]
+    assert {(c["file"], c["action"]) for c in changes} >= {(LP, "imported"), ("runs.yaml", "created")}
+    # from now on the checkout's files are not read: S3 is the meta-state
+    (a / "meta-state" / LP).write_text(yaml.safe_dump({"instances": {}}))
+    assert sorted(MetaState(str(a)).load(LP)["instances"]) == ["old", "web"]
+
+
+def test_an_s3_object_cut_short_is_refused_naming_it(checkouts, moto_endpoint):
+    ms = MetaState(str(checkouts("a")))
+    with ms.transaction() as txn:
+        txn.save_record(LP, "web", _launch())
+    raw, _etag = ms.objects.get("launch-params/web.yaml")
+    ms.objects.put("launch-params/web.yaml", raw[:-10])
+    with pytest.raises(MetaStateError, match=r"^s3://%s/%s/meta-state/launch-params/web.yaml: is incomplete"
+                       % (local_aws.STATE_BUCKET, checkouts.prefix)):
+        ms.load(LP)
+
+
+def test_the_inventory_plugin_lists_what_another_checkout_recorded(checkouts, aws_env, tmp_path):
+    with MetaState(str(checkouts("a"))).transaction() as txn:
+        txn.save_record(LP, "web", _launch())
+        txn.save_record(IS, "web", _current("i-5"))
+    b = checkouts("b")
+    source = tmp_path / "b.csis.yml"
+    source.write_text("plugin: csis.infra.meta_state\nconfig_root: %s\n" % b)
+    env = dict(aws_env, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="1")
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-inventory"), "-i", str(source), "--list"],
+                          cwd=str(REPO), env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["web"]
+
+
+def test_history_playbook_shows_each_step_and_a_record_as_of_a_revision(checkouts, aws_env):
+    a = MetaState(str(checkouts("a")))
+    for alias in ("first", "second"):
+        with a.transaction("set alias %s" % alias) as txn:
+            txn.save_record(LP, "web", _launch(alias=alias))
+    env = dict(aws_env, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "playbooks/history.yml",
+                           "-e", "csis_config_root=%s" % checkouts("b"), "-e", "history_instance=web",
+                           "-e", "history_revision=1"],
+                          cwd=str(REPO), env=env, capture_output=True, text=True, check=False)
+    out = " ".join(proc.stdout.split())  # the callback wraps long lines
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "r1 " in out and "created launch-params.yaml/web [set alias first]" in out, out[-3000:]
+    assert "r2 " in out and 'changed launch-params.yaml/web [set alias second] -- alias: "first" -> "second"' in out
+    assert "History of s3://%s/%s/meta-state (revision 2)" % (local_aws.STATE_BUCKET, checkouts.prefix) in out
+    assert "launch-params.yaml: alias: first" in out and "revision: 1" in out  # as of revision 1
