@@ -199,6 +199,12 @@ roots:
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str
+    initialised:
+      description:
+        - Whether the root is initialised against its state backend (C(init -reconfigure) with the
+          backend file, now or by an earlier render of the same files), so the C(csis.infra.tofu_root)
+          role does not initialise it again. False in a dry run, in check mode and with O(prepare=false).
+      type: bool
 config_root:
   description: The configuration root, as an absolute path.
   returned: success
