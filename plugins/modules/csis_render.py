@@ -199,6 +199,13 @@ roots:
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str
+    deferred:
+      description:
+        - What a real run executes for the root, in order (init, stale-lock release, storage check,
+          plan, gate, approval, apply check, unmounts, binding check, transitions, apply, record,
+          ephemeral verification): the reference manual's deferred commands. A dry run prints them.
+      type: list
+      elements: str
     initialised:
       description:
         - Whether the root is initialised against its state backend (C(init -reconfigure) with the

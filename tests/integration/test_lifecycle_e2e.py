@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -193,6 +194,10 @@ def test_dry_run_plans_nothing(site, moto_endpoint):
     assert "dry run: nothing is planned or applied" in run.out
     assert set(e2e.recap(run.out)) == {"localhost"}, e2e.recap(run.out)   # no root host: nothing planned
     assert "Plan to a plan file" not in run.out
+    # ... but it lists what a real run would execute per root (the manual's deferred commands)
+    for key in ("identity-", "storage-aws-ebs", "instance-image-"):
+        assert re.search(r"%s[\w.-]* would run:" % re.escape(key), run.out), key
+    assert "plan -input=false -detailed-exitcode -out=tfplan" in run.out and "csis_gate_plan tfplan" in run.out
     assert e2e.meta_state_digest(root, with_state_dir=True) == before
 
 
