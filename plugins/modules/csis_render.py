@@ -203,7 +203,7 @@ roots:
       description:
         - What a real run executes for the root, in order (init, stale-lock release, storage check,
           plan, gate, approval, apply check, unmounts, binding check, transitions, apply, record,
-          ephemeral verification): the reference manual's deferred commands. A dry run prints them.
+          ephemeral verification), the reference manual's deferred commands. A dry run prints them.
       type: list
       elements: str
     initialised:
