@@ -18,9 +18,10 @@ description:
   - Without C(module_source_base) in C(cfg/_config.yml), the roots call the collection's own terraform
     modules, copied into C(<config_root>/generated/.modules/<collection version>/) (only when they differ)
     and referenced by relative paths, so a rendered tree plans wherever it is moved or checked out.
-  - Then runs C(fmt -check), C(init) and C(validate) in every root, in parallel.
-    C(init) is C(init -backend=false) in a dry run and
-    C(init -reconfigure -backend-config=<backend file>) otherwise.
+  - Then prepares every changed root, in parallel. A dry run runs C(fmt -check), C(init -backend=false)
+    and C(validate). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
+    it does not validate, because its plan validates the same configuration seconds later
+    (one provider start less per changed root).
   - Returns, per root, what the playbooks need to plan, gate and apply it.
   - Writes no meta-state; recording happens only after an apply (M(csis.infra.csis_record)).
 extends_documentation_fragment:
@@ -36,7 +37,7 @@ options:
   dry_run:
     description:
       - A dry run renders and validates with C(init -backend=false) (no backend is reached).
-      - A real run initialises every root against its state backend.
+      - A real run initialises every root against its state backend (and leaves validation to its plan).
     type: bool
     default: true
   only_runtime:
@@ -195,7 +196,7 @@ roots:
       elements: str
     commands:
       description:
-        - The terraform commands run to prepare the root (C(fmt), C(init), C(validate)).
+        - The terraform commands run to prepare the root (C(fmt), C(init), and C(validate) in a dry run).
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str
