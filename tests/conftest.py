@@ -213,3 +213,26 @@ def tf_env() -> Dict[str, str]:
     env["AWS_REGION"] = local_aws.REGION
     env["AWS_EC2_METADATA_DISABLED"] = "true"
     return env
+
+
+# ------------------------------------------------------------------ where the suite's time goes
+_FILE_SECONDS: Dict[str, float] = {}
+_FILE_TESTS: Dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """Sum setup, call and teardown time per test file (on the xdist controller too)."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    if report.when == "call":
+        _FILE_TESTS[path] = _FILE_TESTS.get(path, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The 15 test files that took longest (worker seconds), so the suite's budget stays visible."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", "slowest test files (worker seconds; %.0f s in all)" % total)
+    for path, secs in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line("%8.1f s  %4d tests  %s" % (secs, _FILE_TESTS.get(path, 0), path))

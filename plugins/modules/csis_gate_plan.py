@@ -28,6 +28,9 @@ description:
     (O(csis.infra.csis_plan_binding#module:state=opened) just before the plan). A missing
     plan, a plan without a binding, or a root whose files changed since the opening is
     refused with C(STALE PLANFILE: ...) naming the changed files. File times are not used.
+  - >-
+    A plan made by M(csis.infra.csis_plan) that terraform called empty is not read again: the binding
+    records terraform's answer with the plan file's sha256, and only for those very bytes is C(show -json) skipped.
   - When the plan passes, the module records the plan file's sha256 and its verdict in the
     binding, for O(csis.infra.csis_plan_binding#module:state=verified) to check just before
     the apply. A refusal clears any earlier gate record.
@@ -190,6 +193,12 @@ plan_digest:
     - Equal digests mean the same changes; an AWX apply job compares it with the digest its plan job published.
   returned: when the plan was read
   type: str
+show_skipped:
+  description:
+    - True when C(show -json) was not run because M(csis.infra.csis_plan) recorded that terraform called
+      these very plan bytes empty (C(-detailed-exitcode) 0); the plan is then gated as one without changes.
+  returned: with O(plan_file)
+  type: bool
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate

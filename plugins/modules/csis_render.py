@@ -18,9 +18,10 @@ description:
   - Without C(module_source_base) in C(cfg/_config.yml), the roots call the collection's own terraform
     modules, copied into C(<config_root>/generated/.modules/<collection version>/) (only when they differ)
     and referenced by relative paths, so a rendered tree plans wherever it is moved or checked out.
-  - Then runs C(fmt -check), C(init) and C(validate) in every root, in parallel.
-    C(init) is C(init -backend=false) in a dry run and
-    C(init -reconfigure -backend-config=<backend file>) otherwise.
+  - Then prepares every changed root, in parallel. A dry run runs C(fmt -check), C(init -backend=false)
+    and C(validate). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
+    it does not validate, because its plan validates the same configuration seconds later
+    (one provider start less per changed root).
   - Returns, per root, what the playbooks need to plan, gate and apply it.
   - Writes no meta-state; recording happens only after an apply (M(csis.infra.csis_record)).
 extends_documentation_fragment:
@@ -36,7 +37,7 @@ options:
   dry_run:
     description:
       - A dry run renders and validates with C(init -backend=false) (no backend is reached).
-      - A real run initialises every root against its state backend.
+      - A real run initialises every root against its state backend (and leaves validation to its plan).
     type: bool
     default: true
   only_runtime:
@@ -195,10 +196,23 @@ roots:
       elements: str
     commands:
       description:
-        - The terraform commands run to prepare the root (C(fmt), C(init), C(validate)).
+        - The terraform commands run to prepare the root (C(fmt), C(init), and C(validate) in a dry run).
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str
+    deferred:
+      description:
+        - What a real run executes for the root, in order (init, stale-lock release, storage check,
+          plan, gate, approval, apply check, unmounts, binding check, transitions, apply, record,
+          ephemeral verification), the reference manual's deferred commands. A dry run prints them.
+      type: list
+      elements: str
+    initialised:
+      description:
+        - Whether the root is initialised against its state backend (C(init -reconfigure) with the
+          backend file, now or by an earlier render of the same files), so the C(csis.infra.tofu_root)
+          role does not initialise it again. False in a dry run, in check mode and with O(prepare=false).
+      type: bool
 config_root:
   description: The configuration root, as an absolute path.
   returned: success

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -79,6 +80,16 @@ def test_site_applies_the_example_tree(site, moto_endpoint):
     plans = e2e.plan_summaries(site.run.out)
     assert set(plans) == {"identity-posix-groups", "storage-aws-ebs", "storage-aws-efs", "storage-aws-s3",
                           "instance-image-open-tofu"}, plans
+    # the run summary (generated/run-summary.json), written root by root, shown by summary.yml
+    with open(os.path.join(root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert set(summary["roots"]) == set(plans), summary
+    for key, entry in summary["roots"].items():
+        assert entry["status"] == "ok" and entry["applied"] is True, (key, entry)
+        assert entry["gate"]["verdict"] == "passed" and entry["plan"].startswith("Plan: "), (key, entry)
+        assert entry["seconds"] > 0 and entry["started"] <= entry["finished"], (key, entry)
+    assert summary["totals"] == {"roots": 5, "applied": 5, "failed": 0, "refused": 0}
+    assert "5 root(s), 5 applied, 0 failed, 0 refused by the gate" in site.run.out
     ec2, efs, s3 = ep.client("ec2"), ep.client("efs"), ep.client("s3")
 
     # the instances: ids from the instance root's state, compared with the endpoint and meta-state
@@ -193,6 +204,10 @@ def test_dry_run_plans_nothing(site, moto_endpoint):
     assert "dry run: nothing is planned or applied" in run.out
     assert set(e2e.recap(run.out)) == {"localhost"}, e2e.recap(run.out)   # no root host: nothing planned
     assert "Plan to a plan file" not in run.out
+    # ... but it lists what a real run would execute per root (the manual's deferred commands)
+    for key in ("identity-", "storage-aws-ebs", "instance-image-"):
+        assert re.search(r"%s[\w.-]* would run:" % re.escape(key), run.out), key
+    assert "plan -input=false -detailed-exitcode -out=tfplan" in run.out and "csis_gate_plan tfplan" in run.out
     assert e2e.meta_state_digest(root, with_state_dir=True) == before
 
 
@@ -280,6 +295,11 @@ def test_failed_plan_and_failed_apply_leave_meta_state_and_do_not_block(ebs, mot
     assert "Record what the state now holds" not in bad_apply.out.split("Apply exactly that plan file", 1)[1]
     assert volume(ep, ebs.vid)["Size"] == 100
     assert e2e.meta_state_digest(ebs.root) == before
+    # the run summary names the root, the step that failed, and that nothing was applied
+    with open(os.path.join(ebs.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        entry = json.load(fh)["roots"]["storage-aws-ebs"]
+    assert entry["status"] == "failed" and entry["failed_step"].startswith("Apply exactly that plan file"), entry
+    assert entry["applied"] is False and entry["gate"]["verdict"] == "passed", entry
 
     # the next run is not blocked (no stale lock, no stale plan) and records what it applied
     good = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep), log=ebs.log("after-failures.log"))

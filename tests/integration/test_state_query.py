@@ -72,10 +72,9 @@ class Tree:
             return json.load(fh)
 
     def meta(self, name: str) -> Dict[str, Any]:
-        import yaml
+        from trees import read_meta
 
-        with open(os.path.join(self.root, "meta-state", name), encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        return read_meta(self.root, name)
 
 
 def _text(res: subprocess.CompletedProcess) -> str:

@@ -60,21 +60,15 @@ def read_yaml(root: str, rel: str) -> Any:
 
 
 def meta(root: str, name: str) -> Dict[str, Any]:
-    path = os.path.join(root, "meta-state", name)
-    if not os.path.exists(path):
-        return {}
-    return read_yaml(root, os.path.join("meta-state", name)) or {}
+    from trees import read_meta
+
+    return read_meta(root, name)
 
 
 def meta_bytes(root: str) -> Dict[str, bytes]:
-    d = os.path.join(root, "meta-state")
-    out = {}
-    if os.path.isdir(d):
-        for n in sorted(os.listdir(d)):
-            if n.endswith(".yaml"):
-                with open(os.path.join(d, n), "rb") as fh:
-                    out[n] = fh.read()
-    return out
+    from trees import meta_files
+
+    return meta_files(root)
 
 
 class Runner:

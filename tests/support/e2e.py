@@ -93,8 +93,8 @@ def set_storage_builder_size(config_root: str, builder: str, size: int) -> None:
 
 # ------------------------------------------------------------------ meta-state
 def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[str, str]:
-    """{relative path: sha256} of every meta-state file (the ``.lock`` file excluded:
-    it holds no record, only the last lock holder's description)."""
+    """{relative path: sha256} of every meta-state file, in every subdirectory (lock files
+    excluded: they hold no record, only the last lock holder's description)."""
     out: Dict[str, str] = {}
     dirs = ["meta-state"] + (["state"] if with_state_dir else [])
     for d in dirs:
@@ -103,7 +103,7 @@ def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[st
             continue
         for dirpath, _dirs, files in os.walk(base):
             for f in files:
-                if f == ".lock":
+                if f.startswith(".") and f.endswith("lock"):
                     continue
                 p = os.path.join(dirpath, f)
                 with open(p, "rb") as fh:
@@ -112,10 +112,10 @@ def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[st
 
 
 def meta(config_root: str, name: str) -> Dict[str, Any]:
-    path = os.path.join(config_root, "meta-state", name)
-    if not os.path.exists(path):
-        return {}
-    return read_yaml(path) or {}
+    """The records of meta-state file ``name``, read through the store (any layout)."""
+    from trees import read_meta
+
+    return read_meta(config_root, name)
 
 
 # ------------------------------------------------------------------ ansible-playbook

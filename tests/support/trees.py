@@ -46,6 +46,35 @@ def copy_as_shipped(src: str, dest: str, keep_meta_state: bool = False) -> str:
     return dest
 
 
+def read_meta(root: str, name: str) -> Any:
+    """The records of meta-state file ``name`` (e.g. ``storage-state.yaml``) as the store reads
+    them, whatever its on-disk layout: the empty shape when there are none. A test that checks
+    what a run recorded asks the store, as every reader of the collection does."""
+    import sys
+
+    coll = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        ".venv", "collections")
+    if coll not in sys.path:
+        sys.path.insert(0, coll)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+
+    return MetaState(root).load(name)
+
+
+def meta_files(root: str) -> dict:
+    """{path relative to meta-state/: bytes} of every meta-state file (the lock files excluded)."""
+    base = os.path.join(root, "meta-state")
+    out = {}
+    for dirpath, _dirs, names in os.walk(base):
+        for n in sorted(names):
+            if n.startswith(".") and n.endswith("lock"):
+                continue
+            p = os.path.join(dirpath, n)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, base)] = fh.read()
+    return out
+
+
 def write_meta(root: str, name: str, data: Any) -> None:
     """Write a meta-state file by hand, as a test's starting point (not through the store)."""
     os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)

@@ -526,3 +526,33 @@ def test_failed_validation_leaves_generated_as_it_was(tmp_path: Any, breakage: s
     with pytest.raises(ConfigError):
         service.render(root, ALL, prepare=False)
     assert rt.tree_hash(gen) == before
+
+
+def test_deferred_commands_follow_the_chain(variations: Dict[str, Any]) -> None:
+    """A dry run lists what a real run executes per root (the manual's deferred commands)."""
+    p = variations["instance"]["tofu-vpc"]
+    steps = p.deferred()
+    assert steps[0].startswith("%s init -input=false -reconfigure" % p.binary)
+    plan = [s for s in steps if " plan " in s]
+    assert len(plan) == 1 and "-replace=module.instance_follower.aws_instance.this" in plan[0]
+    gate = [s for s in steps if s.startswith("csis_gate_plan")][0]
+    assert "--allow-destroy module.instance_follower.aws_instance.this" in gate
+    order = [next(i for i, s in enumerate(steps) if s.startswith(k)) for k in
+             ("%s init" % p.binary, "%s plan" % p.binary, "csis_gate_plan")]
+    assert order == sorted(order)
+    if p.may_apply:
+        apply_at = next(i for i, s in enumerate(steps) if " apply " in s)
+        check_at = next(i for i, s in enumerate(steps) if s.startswith("csis_apply_check"))
+        assert order[-1] < check_at < apply_at < steps.index("csis_record (meta-state: what the state now holds)")
+        assert any(s.startswith("verify ephemeral instances eph") for s in steps)
+    else:
+        assert steps[-1].startswith("(apply flag off")
+    assert p.as_dict("/x")["deferred"] == steps
+
+
+def test_deferred_commands_without_apply_flag(variations: Dict[str, Any]) -> None:
+    import dataclasses
+    p = dataclasses.replace(variations["storage"]["ebs"], may_apply=False)
+    steps = p.deferred()
+    assert steps[-1] == "(apply flag off: planned and gated only, nothing applied)"
+    assert not any(" apply " in s or s.startswith("csis_record") for s in steps)

@@ -142,16 +142,18 @@ def run(binary: str, args: Sequence[str], cwd: str, extra_env: Optional[Mapping[
 
 
 def prepare_steps(dry_run: bool, backend_file: Optional[str]) -> List[List[str]]:
-    """The argument lists of ``fmt -check``, ``init`` and ``validate`` for a rendered root
-    (``init -backend=false`` in a dry run, else ``-reconfigure`` with the partial backend file)."""
+    """The argument lists that prepare a rendered root: ``fmt -check``, ``init``, and in a dry run
+    ``validate`` (``init -backend=false``). A real run inits with ``-reconfigure`` and the partial
+    backend file and does not validate: its plan, seconds later, validates the same configuration
+    (a second provider start saved per changed root)."""
     init = ["init", "-input=false", "-no-color"]
     if dry_run:
         init.append("-backend=false")
-    else:
-        init.append("-reconfigure")
-        if backend_file:
-            init.append("-backend-config=%s" % backend_file)
-    return [["fmt", "-check", "-no-color"], init, ["validate", "-no-color"]]
+        return [["fmt", "-check", "-no-color"], init, ["validate", "-no-color"]]
+    init.append("-reconfigure")
+    if backend_file:
+        init.append("-backend-config=%s" % backend_file)
+    return [["fmt", "-check", "-no-color"], init]
 
 
 def show_json(plan_path: str, project_path: str, binary_path: str = "terraform",

@@ -80,7 +80,10 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
     for p, res in results:
         d = p.as_dict(tree.root)
         d.update({"changed": res.changed, "added": res.added, "removed": res.removed, "modified": res.modified,
-                  "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]})
+                  "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])],
+                  # init -reconfigure against the state backend done here (or by an earlier run with
+                  # the same inputs: the prepare stamp), so csis.infra.tofu_root need not init again
+                  "initialised": bool(prepare and not check_mode and not dry_run)})
         roots.append(d)
     return {
         "changed": changed,

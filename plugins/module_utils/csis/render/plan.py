@@ -85,7 +85,36 @@ class RootPlan:
             "storages": dict(self.storages), "instances": dict(self.instances), "ephemeral": list(self.ephemeral),
             "decommission": list(self.decommission), "warnings": list(self.warnings),
             "files": sorted(self.files), "aws": dict(self.aws),
+            "deferred": self.deferred(),
         }
+
+    def deferred(self) -> List[str]:
+        """What a real run executes for this root, in order (the ``csis.infra.tofu_root`` chain):
+        the manual's deferred commands, which a dry run lists instead of running."""
+        tf = self.binary
+        out = ["%s init -input=false -reconfigure%s" % (tf, " -backend-config=%s" % self.backend_file if self.backend_file else ""),
+               "csis_state_lock (release a stale lock left by a killed run on this machine)"]
+        if self.storages:
+            out.append("csis_storage_check %s (recorded storages still exist)" % " ".join(sorted(self.storages)))
+        out.append("%s plan -input=false -detailed-exitcode -out=tfplan%s (csis_plan, binding opened first)"
+                   % (tf, "".join(" -replace=%s" % a for a in self.replace)))
+        out.append("csis_gate_plan tfplan%s%s" % ("".join(" --allow-destroy %s" % a for a in self.allow_destroy),
+                                                  "".join(" --require-unmounted %s" % u for u in self.require_unmounted)))
+        if not self.may_apply:
+            return out + ["(apply flag off: planned and gated only, nothing applied)"]
+        out += ["approval (one prompt for the play, or csis_auto_approve)",
+                "csis_apply_check lifecycle=%s root=%s%s" % (self.lifecycle, self.builder,
+                                                             " root_alias=%s" % self.runtime if self.runtime else "")]
+        out += ["csis_unmount %s, then csis_gate_plan again with its receipt" % u for u in self.require_unmounted]
+        out.append("csis_plan_binding verified (the plan file the gate passed, the root unchanged)")
+        out += ["csis_storage_transition %s: %s" % (t.get("storage"), t.get("action")) for t in self.transitions_before]
+        out += ["%s apply -input=false tfplan (community.general.terraform, exactly that plan file)" % tf,
+                "csis_record (meta-state: what the state now holds)"]
+        out += ["csis_storage_transition %s: %s" % (t.get("storage"), t.get("action")) for t in self.transitions_after]
+        if self.ephemeral:
+            out += ["verify ephemeral instances %s, then tear them down (plan -var ephemeral_present=false, gate, apply)"
+                    % " ".join(self.ephemeral)]
+        return out
 
 
 def root_dir(lifecycle: str, builder: str) -> str:

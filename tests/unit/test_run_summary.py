@@ -1,0 +1,72 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""generated/run-summary.json (apply/runsummary.py): merged per root, one run per file, atomic."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import runsummary as rs
+
+
+def test_entries_of_one_run_are_merged_and_counted(tmp_path):
+    root = str(tmp_path)
+    rs.add_root(root, "run1", {"key": "storage-ebs", "status": "ok", "applied": "True", "plan": "Plan: 1 to add",
+                               "gate": {"verdict": "passed", "violations": []}, "recorded": ["storage-state.yaml"],
+                               "seconds": "12.34", "started": "2026-11-30T10:00:05Z", "junk": "dropped"})
+    data = rs.add_root(root, "run1", {"key": "storage-s3", "status": "failed", "failed_step": "Gate the plan",
+                                      "gate": {"verdict": "refused", "violations": ["DESTROY NOT WHITELISTED: x"]},
+                                      "applied": False, "started": "2026-11-30T10:00:01Z"})
+    assert sorted(data["roots"]) == ["storage-ebs", "storage-s3"]
+    ebs = data["roots"]["storage-ebs"]
+    assert ebs["applied"] is True and ebs["seconds"] == 12.3 and "junk" not in ebs
+    assert data["totals"] == {"roots": 2, "applied": 1, "failed": 1, "refused": 1}
+    assert data["started"] == "2026-11-30T10:00:01Z"
+    with open(rs.path_of(root), encoding="utf-8") as fh:
+        assert json.load(fh) == data
+    lines = rs.summary_lines(rs.read(root))
+    assert lines[0].startswith("run run1 (started 2026-11-30T10:00:01Z): 2 root(s), 1 applied, 1 failed, 1 refused")
+    assert any(line.startswith("storage-s3: failed; at 'Gate the plan'") and "gate refused" in line for line in lines)
+
+
+def test_a_new_run_starts_the_file_afresh(tmp_path):
+    root = str(tmp_path)
+    rs.add_root(root, "run1", {"key": "a", "status": "ok"})
+    data = rs.add_root(root, "run2", {"key": "b", "status": "ok"})
+    assert data["run_id"] == "run2" and sorted(data["roots"]) == ["b"]
+
+
+def test_parallel_roots_lose_no_entry(tmp_path):
+    root = str(tmp_path)
+    threads = [threading.Thread(target=rs.add_root, args=(root, "run", {"key": "root-%d" % i, "status": "ok"}))
+               for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(rs.read(root)["roots"]) == 12
+
+
+def test_no_summary_and_a_damaged_one(tmp_path):
+    root = str(tmp_path)
+    assert rs.read(root) is None
+    assert rs.summary_lines(None) == ["no real run has written generated/run-summary.json yet"]
+    os.makedirs(os.path.join(root, "generated"))
+    with open(rs.path_of(root), "w", encoding="utf-8") as fh:
+        fh.write('{"version": 1, "roots": ')
+    with pytest.raises(rs.RunSummaryError) as exc:
+        rs.read(root)
+    assert "generated/run-summary.json" in str(exc.value)
+    # a damaged report decides nothing: the next run replaces it
+    assert rs.add_root(root, "run", {"key": "a"})["roots"] == {"a": {"key": "a"}}
+
+
+def test_entry_needs_a_key_and_a_run_id(tmp_path):
+    with pytest.raises(rs.RunSummaryError):
+        rs.add_root(str(tmp_path), "run", {"status": "ok"})
+    with pytest.raises(rs.RunSummaryError):
+        rs.add_root(str(tmp_path), "", {"key": "a"})
