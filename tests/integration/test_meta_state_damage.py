@@ -102,16 +102,21 @@ def test_the_inventory_lists_the_launched_hosts_first(applied):
     assert "test2" in json.loads(proc.stdout)["_meta"]["hostvars"]
 
 
+def _record(root: str) -> tuple:
+    """(the path of test2's launch-params record, its name in messages): one file per record (issue 10)."""
+    return os.path.join(root, "meta-state", "launch-params", "test2.yaml"), "launch-params/test2.yaml"
+
+
 def test_a_launch_params_file_cut_to_half_is_refused_everywhere_and_left_as_it_is(applied, moto_endpoint):
     root = applied["root"]
-    path = os.path.join(root, "meta-state", LP)
+    path, shown = _record(root)
     with open(path, "rb") as fh:
         whole = fh.read()
     half = whole[:len(whole) // 2]
     with open(path, "wb") as fh:
         fh.write(half)
     before = e2e.meta_state_digest(root)
-    reason = "meta-state/%s: is incomplete: it stops at byte %d without its end line" % (LP, len(half))
+    reason = "meta-state/%s: is incomplete: it stops at byte %d without its end line" % (shown, len(half))
     try:
         proc = _inventory(applied["source"])
         assert proc.returncode != 0
@@ -134,7 +139,7 @@ def test_a_launch_params_file_cut_to_half_is_refused_everywhere_and_left_as_it_i
 
 def test_an_emptied_file_is_no_empty_inventory(applied):
     root = applied["root"]
-    path = os.path.join(root, "meta-state", LP)
+    path, shown = _record(root)
     with open(path, "rb") as fh:
         whole = fh.read()
     with open(path, "wb"):
@@ -143,7 +148,7 @@ def test_an_emptied_file_is_no_empty_inventory(applied):
         proc = _inventory(applied["source"])
         assert proc.returncode != 0
         assert "%s/meta-state/%s: is empty (0 bytes), but csis.infra never writes an empty meta-state file" % (
-            root, LP) in _flat(proc.stderr), proc.stderr
+            root, shown) in _flat(proc.stderr), proc.stderr
         assert os.path.getsize(path) == 0
     finally:
         with open(path, "wb") as fh:
