@@ -25,13 +25,15 @@ Plain Python: importable without Ansible.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import CsisError
 
@@ -89,6 +91,33 @@ def render_cli_config(mirror: Optional[str], plugin_cache: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plugin_cache_dir(env: Optional[Mapping[str, str]] = None) -> str:
+    """The provider plugin cache every terraform process of csis.infra shares."""
+    env = os.environ if env is None else env
+    return os.path.abspath(env.get("CSIS_PLUGIN_CACHE_DIR") or os.path.join(cache_dir(env), "plugin-cache"))
+
+
+CACHE_LOCK = ".csis-cache.lock"
+
+
+@contextlib.contextmanager
+def plugin_cache_lock(exclusive: bool, env: Optional[Mapping[str, str]] = None) -> Iterator[None]:
+    """Serialise writes into the shared plugin cache (hashicorp/terraform#31964: concurrent
+    ``terraform init`` runs that both fill the cache can leave a provider half-written).
+
+    An init that may fill the cache (the first of a batch) holds the lock exclusively; inits
+    that only link what the cache already holds share it, so they run in parallel with each
+    other but never beside a fill, in this process or any other (``fcntl.flock``)."""
+    directory = plugin_cache_dir(env)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, CACHE_LOCK), "a", encoding="utf-8") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def ensure_cli_config(env: Optional[Mapping[str, str]] = None) -> str:
     """Write (if changed) and return the path of the CLI configuration file."""
     env = os.environ if env is None else env
@@ -96,7 +125,7 @@ def ensure_cli_config(env: Optional[Mapping[str, str]] = None) -> str:
     if own:
         return os.path.abspath(own)
     base = cache_dir(env)
-    plugin_cache = os.path.abspath(env.get("CSIS_PLUGIN_CACHE_DIR") or os.path.join(base, "plugin-cache"))
+    plugin_cache = plugin_cache_dir(env)
     os.makedirs(plugin_cache, exist_ok=True)
     text = render_cli_config(provider_mirror(env), plugin_cache)
     path = os.path.join(base, "terraformrc")

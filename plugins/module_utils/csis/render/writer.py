@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -233,7 +234,8 @@ def prepare_key(plan_dir: str, binary: str, dry_run: bool) -> str:
 
 
 def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
-                 extra_env: Optional[Mapping[str, str]] = None, force: bool = False) -> List[Dict[str, Any]]:
+                 extra_env: Optional[Mapping[str, str]] = None, force: bool = False,
+                 fills_cache: bool = True, cache_filled: Optional[threading.Event] = None) -> List[Dict[str, Any]]:
     """fmt, init, validate in one root; raises EmitError naming the failing command.
 
     Skipped when the same root was already prepared successfully with the same inputs
@@ -242,16 +244,32 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
     key = prepare_key(plan_dir, binary, dry_run)
     stamp = os.path.join(plan_dir, STAMP)
     if not force and (_read(stamp) or "").strip() == key:
+        if cache_filled is not None and fills_cache:
+            cache_filled.set()
         return [{"cmd": "(unchanged since the last successful fmt/init/validate)", "rc": 0, "stdout": "", "stderr": ""}]
     done = []
     for args in terraform.prepare_steps(dry_run, backend_file):
-        r = terraform.run(binary, args, plan_dir, extra_env)
+        if args[0] == "init":
+            # the first init of a batch may fill the shared plugin cache: alone; the others
+            # wait for it, then share the lock (they only link what the cache holds)
+            if cache_filled is not None and not fills_cache:
+                cache_filled.wait()
+            try:
+                with terraform.plugin_cache_lock(exclusive=fills_cache, env=dict(os.environ, **(extra_env or {}))):
+                    r = terraform.run(binary, args, plan_dir, extra_env)
+            finally:
+                if cache_filled is not None and fills_cache:
+                    cache_filled.set()
+        else:
+            r = terraform.run(binary, args, plan_dir, extra_env)
         done.append(r)
         if r["rc"] != 0:
             try:
                 os.unlink(stamp)
             except OSError:
                 pass
+            if cache_filled is not None and fills_cache:
+                cache_filled.set()
             raise EmitError("%s: '%s' failed (rc %d): %s"
                             % (plan_dir, r["cmd"], r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]))
     os.makedirs(os.path.dirname(stamp), exist_ok=True)
@@ -266,7 +284,14 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
     out: Dict[str, List[Dict[str, Any]]] = {}
     errors: List[str] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futs = {pool.submit(prepare_root, d, b, dry_run, bf, extra_env): d for d, b, bf in items}
+        # the first root's init fills the plugin cache alone; the other roots' inits start when
+        # it is done (or when the first root needed none) and share the cache lock
+        first_done = threading.Event()
+        futs = {pool.submit(prepare_root, d, b, dry_run, bf, extra_env, False, i == 0, first_done): d
+                for i, (d, b, bf) in enumerate(items)}
+        for fut in futs:  # the first root ends however it ends: never leave the others waiting
+            fut.add_done_callback(lambda _f: first_done.set())
+            break
         for fut in concurrent.futures.as_completed(futs):
             try:
                 out[futs[fut]] = fut.result()
