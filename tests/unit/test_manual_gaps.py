@@ -137,6 +137,20 @@ def test_no_grace_for_a_head_with_a_failed_verification(tree):
                            "(instance test, run r7))" % HEAD)
 
 
+def test_no_grace_for_a_head_whose_latest_post_bake_tests_failed(tree):
+    _pinned(tree, HEAD, ami_id=HEAD)
+    write_meta(tree, "image-tests.yaml", {"builds": {HEAD: {"results": [
+        {"instance": "eph1", "run": "r8", "ok": True, "tests": []},
+        {"instance": "eph2", "run": "r9", "ok": False, "tests": [{"command": "/opt/check", "ok": False}]}]}}})
+    (p,) = problems(tree)
+    assert ("no grace: its latest post-bake tests failed (meta-state/image-tests.yaml: instance eph2, run r9)"
+            in p[2]), p
+    # a later passing result restores the grace
+    write_meta(tree, "image-tests.yaml", {"builds": {HEAD: {"results": [
+        {"instance": "eph2", "run": "r9", "ok": False, "tests": []}, {"instance": "eph3", "run": "r10", "ok": True}]}}})
+    validated(tree)
+
+
 def test_a_pending_upgrade_onto_an_unreleased_build_is_refused(tree):
     _pinned(tree, RELEASED, released=[RELEASED], ami_id=HEAD,
             pending={"test": {"to": OTHER, "from": RELEASED, "run": "r2"}})

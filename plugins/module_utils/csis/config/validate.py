@@ -554,6 +554,13 @@ class Validation:
         for v in (self.meta.get("verifications.yaml") or {}).get("verifications") or []:
             if isinstance(v, dict) and v.get("build") and v.get("ok") is False:
                 failed.setdefault(v["build"], v)
+        # the manual's per-build post-bake record: a build whose latest post-bake tests failed
+        # gets no grace either
+        post_bake_failed: Dict[str, Any] = {}
+        for build, rec in ((self.meta.get("image-tests.yaml") or {}).get("builds") or {}).items():
+            results = rec.get("results") if isinstance(rec, dict) else None
+            if results and isinstance(results[-1], dict) and results[-1].get("ok") is False:
+                post_bake_failed[build] = results[-1]
         for name, inst in sorted(self.t.instances.items()):
             img = self.t.image_of(inst)
             if img is None:
@@ -577,6 +584,9 @@ class Validation:
                 if build in failed:
                     missing.append("a failed verification of it is recorded (instance %s, run %s)"
                                    % (failed[build].get("instance"), failed[build].get("run")))
+                if build in post_bake_failed:
+                    missing.append("its latest post-bake tests failed (meta-state/image-tests.yaml: instance %s, run %s)"
+                                   % (post_bake_failed[build].get("instance"), post_bake_failed[build].get("run")))
                 if not missing:
                     continue  # the release grace: the series head while its own proof is under way
                 what = "pinned to build %s" % build if is_pin else "being upgraded to build %s" % build
@@ -666,7 +676,8 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
 
 
 #: meta-state files the validators read
-VALIDATE_META = ("storage-state.yaml", "launch-params.yaml", "pins.yaml", "instance-state.yaml", "verifications.yaml")
+VALIDATE_META = ("storage-state.yaml", "launch-params.yaml", "pins.yaml", "instance-state.yaml", "verifications.yaml",
+                 "image-tests.yaml")
 
 
 def _meta_problem(name: str, exc: MetaStateError) -> Problem:

@@ -327,14 +327,48 @@ VERIFICATIONS_MAX = 500
 
 
 def record_verification(config_root: str, verdict: Mapping[str, Any]) -> List[str]:
-    """Append a verification verdict to ``meta-state/verifications.yaml`` (the last 500 kept)."""
+    """Append a verification verdict to ``meta-state/verifications.yaml`` (the last 500 kept),
+    and the result of the image's post-bake tests (the ``test: <command>`` checks) to
+    ``meta-state/image-tests.yaml`` under the build the machine runs (the manual's per-build
+    post-bake record; the last :data:`IMAGE_TESTS_MAX` results per build kept)."""
     ms = MetaState(config_root)
     with ms.transaction("csis verification of %s" % verdict.get("instance")) as txn:
         data = txn.load("verifications.yaml")
         data.setdefault("verifications", []).append(dict(verdict))
         del data["verifications"][:-VERIFICATIONS_MAX]
         txn.save("verifications.yaml", data)
+        result = image_test_result(verdict)
+        if result is not None:
+            tests = txn.load("image-tests.yaml")
+            rec = tests["builds"].setdefault(str(verdict["build"]), {"results": []})
+            rec.setdefault("results", []).append(result)
+            del rec["results"][:-IMAGE_TESTS_MAX]
+            rec["last_ok"] = result["ok"]
+            rec["last_time"] = result["time"]
+            txn.save("image-tests.yaml", tests)
     return list(txn.written)
+
+
+IMAGE_TESTS_MAX = 20
+TEST_PREFIX = "test: "
+
+
+def image_test_result(verdict: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The post-bake part of a verdict (``None`` without a build or without post-bake tests)."""
+    tests = [c for c in verdict.get("checks") or [] if str(c.get("name", "")).startswith(TEST_PREFIX)]
+    if not verdict.get("build") or not tests:
+        return None
+    return {"time": verdict.get("time"), "run": verdict.get("run"), "instance": verdict.get("instance"),
+            "runtime": verdict.get("runtime"), "ok": all(bool(c.get("ok")) for c in tests),
+            "tests": [{"command": str(c["name"])[len(TEST_PREFIX):], "ok": bool(c.get("ok")),
+                       "detail": c.get("detail", "")} for c in tests]}
+
+
+def last_image_test(meta: Mapping[str, Any], build: str) -> Optional[Dict[str, Any]]:
+    """The latest post-bake result of ``build`` from a read of ``image-tests.yaml``."""
+    rec = ((meta.get("image-tests.yaml") or {}).get("builds") or {}).get(build) or {}
+    results = rec.get("results") or []
+    return results[-1] if results else None
 
 
 def last_verification(meta: Mapping[str, Any], instance: str) -> Optional[Dict[str, Any]]:

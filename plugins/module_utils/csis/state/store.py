@@ -119,6 +119,7 @@ FILES: Dict[str, Tuple[Tuple[str, type], ...]] = {
     "storage-state.yaml": (("storages", dict),),
     "storage.yaml": (("storages", dict),),
     "verifications.yaml": (("verifications", list),),
+    "image-tests.yaml": (("builds", dict),),
     "lineage.yaml": (("builds", list),),
     "runs.yaml": (("runs", list),),
 }
@@ -248,6 +249,17 @@ def _validate_pins(name: str, data: Dict[str, Any]) -> None:
         pass
 
 
+def _validate_image_tests(name: str, builds: Dict[str, Any]) -> None:
+    for build, rec in builds.items():
+        where = "builds.%s" % build
+        if not isinstance(build, str) or not build:
+            raise _fail(name, "builds", "keys must be build ids (non-empty strings), got %r" % (build,))
+        _expect_mapping(name, where, rec)
+        _expect_list(name, where + ".results", rec.get("results", []))
+        for i, res in enumerate(rec.get("results") or []):
+            _expect_mapping(name, "%s.results[%d]" % (where, i), res)
+
+
 def _validate_name_map(name: str, top: str, value: Dict[str, Any]) -> None:
     for _entry in _entries(name, top, value):
         pass
@@ -259,6 +271,7 @@ _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
     "pins.yaml": _validate_pins,
     "storage-state.yaml": lambda n, d: _validate_storage_state(n, d["storages"]),
     "storage.yaml": lambda n, d: _validate_name_map(n, "storages", d["storages"]),
+    "image-tests.yaml": lambda n, d: _validate_image_tests(n, d["builds"]),
 }
 
 
