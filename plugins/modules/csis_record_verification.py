@@ -17,7 +17,8 @@ description:
     whose name starts with O(name_pattern)).
   - Joins the on-machine checks and the booted-image check into one verdict and appends it to
     C(meta-state/verifications.yaml) (the last 500 are kept).
-  - The post-bake part of the verdict (the C(test: <command>) checks) is also recorded under the build in
+  - >-
+    The post-bake part of the verdict (the C(test: <command>) checks) is also recorded under the build in
     C(meta-state/image-tests.yaml) (the last 20 per build), which the release grace of
     C(config.require_released_builds) reads.
   - >-
