@@ -69,6 +69,10 @@ def plans(res):
 def tree(moto_endpoint, tmp_path_factory):
     t_amis = {"dask1": register_ami(moto_endpoint, DASK + "-1"), "basic1": register_ami(moto_endpoint, BASIC + "-1")}
     root = make_tree(str(tmp_path_factory.mktemp("day2-instances")), TAG, STORAGES, instances(), images=images())
+    # the alias pool (meta-state/aliases.txt, hand-appended): each new durable machine takes a name
+    os.makedirs(os.path.join(root, "meta-state"), exist_ok=True)
+    with open(os.path.join(root, "meta-state", "aliases.txt"), "w", encoding="utf-8") as fh:
+        fh.write("# memorable names\ncoops-model\nsage\nbasil\n")
     t = Runner(root, moto_endpoint)
     t.amis = t_amis
     res = t.play("site.yml")
@@ -77,6 +81,8 @@ def tree(moto_endpoint, tmp_path_factory):
     assert pins == {"test2": t_amis["dask1"], "test": t_amis["basic1"]}
     lp = meta(root, "launch-params.yaml")["instances"]
     assert lp["test2"]["hostname"] == "test2-001" and lp["test"]["hostname"] == "test-001"
+    assert (lp["test2"]["alias"], lp["test"]["alias"]) == ("coops-model", "sage")
+    assert current(t, "test2")["alias"] == "coops-model"
     return t
 
 
@@ -104,6 +110,9 @@ def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
     assert lp["test2"]["hostname"] == "test2-002" and lp["test2"]["build"] == tree.amis["dask2"]
     hist = meta(tree.root, "instance-state.yaml")["instances"]["test2"]["history"]
     assert hist[-1]["why"] == "replaced" and hist[-1]["instance_id"] == old2
+    # the new generation takes the next free name; the replaced machine's alias is retired with it
+    assert hist[-1]["alias"] == "coops-model" and lp["test2"]["alias"] == cur2["alias"] == "basil"
+    assert lp["test"]["alias"] == "sage"  # a standing machine keeps its alias
     # the new machine wears the volume
     vid = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     vol = tree.moto.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]

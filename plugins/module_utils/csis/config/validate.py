@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from ..errors import ConfigError, Problem
 from ..render.launch import compute_launch_params, immutability_problems, pending_replacement
+from ..state.aliases import POOL as ALIAS_POOL
+from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
 from ..terraform import version as terraform_version
 from . import models as m
@@ -539,6 +541,17 @@ class Validation:
                 self.problems.append(Problem(where, "config.module_source_base",
                                              "'%s' has no module '%s' (a directory %s/%s)" % (base, module, base.rstrip("/"), module)))
 
+    def alias_pool(self) -> None:
+        """The alias pool (meta-state/aliases.txt): every free line a legal hostname label, no
+        repeats, no declared instance's name (the manual's rules)."""
+        try:
+            pool = read_pool(self.t.root)
+        except MetaStateError as exc:
+            self.problems.append(Problem("meta-state/%s" % ALIAS_POOL, "", str(exc)))
+            return
+        for line, message in pool_problems(pool, self.t.instances):
+            self.problems.append(Problem("meta-state/%s" % ALIAS_POOL, "line %d" % line, message))
+
     def released_builds(self) -> None:
         """``config.require_released_builds``: an instance's pin (and the build a pending upgrade
         moves it to) must be one of its image's ``released_builds``, unless the release grace
@@ -663,6 +676,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.executables(run_version or terraform_version)
     v.immutability()
     v.released_builds()
+    v.alias_pool()
     for rule in extra:
         rule(v)
     # one message once

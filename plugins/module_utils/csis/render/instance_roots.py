@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .. import aws
 from ..config import models as m
+from ..state.aliases import AliasPool
 from .hcl import Block, Raw, comment_lines, document, string, value
 from .launch import (MARKER, compute_launch_params, follow_target, pending_replacement, pending_target, pinned_build,
                      user_data_template)
@@ -37,6 +38,30 @@ class InstanceRoots(RootPlanner):
             out.append(self._instance_root(ib, declared, gone, launched))
         return out
 
+    def take_alias(self, inst: m.Instance, params: Dict[str, Any], rec: Optional[Mapping[str, Any]],
+                   replacing: bool, plan: RootPlan) -> None:
+        """The alias pool (:mod:`..state.aliases`): a standing durable machine keeps its alias; one
+        that launches as a new generation takes the first free name; an ephemeral one gets none."""
+        if inst.ephemeral:
+            return
+        cur = ((((self.meta.get("instance-state.yaml") or {}).get("instances") or {}).get(inst.name) or {})
+               .get("current") or {})
+        standing = bool(cur) and cur.get("kind", "durable") == "durable" and not replacing
+        if standing:
+            if rec and rec.get("alias"):
+                params["alias"] = rec["alias"]
+            return
+        pool = getattr(self, "_alias_pool", None)
+        if pool is None:
+            pool = self._alias_pool = AliasPool(self.t.root, self.meta)
+        if not pool.exists:
+            return
+        name = pool.draw()
+        if name:
+            params["alias"] = name
+        else:
+            plan.warnings.append(pool.empty_message(inst.name, params["hostname"]))
+
     def _instance_root(self, ib: m.InstanceBuilder, declared: List[m.Instance], gone: List[str],
                        launched: Mapping[str, Any]) -> RootPlan:
         d = root_dir("instance-image", ib.name)
@@ -60,6 +85,7 @@ class InstanceRoots(RootPlanner):
             replacing = upgrading or bool(follow_to)
             params = compute_launch_params(self.t, self.meta, inst, replacing=replacing)
             rec = launched.get(inst.name)
+            self.take_alias(inst, params, rec, replacing, plan)
             info: Dict[str, Any] = {"label": lab, "address": "module.instance_%s" % lab, "launch_params": params,
                                     "launched": bool(rec), "ephemeral": inst.ephemeral,
                                     "image_policy": inst.image_policy}

@@ -241,6 +241,8 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 counters = srec.setdefault("generation", {"durable": 0, "ephemeral": 0})
                 counters[kind] = int(counters.get(kind) or 0) + 1
                 cur = {"number": counters[kind], "kind": kind, "opened_run": run, "opened_at": now()}
+                if params.get("alias"):
+                    cur["alias"] = params["alias"]  # retired with the generation (state/aliases.py)
                 opened = True
             cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "ami_id": a.get("ami"),
                         "availability_zone": a.get("availability_zone"), "instance_type": a.get("instance_type")})
@@ -257,6 +259,8 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
             params["hostname"] = "%s-%03d" % (name, cur["number"])
             params["launched"] = True
             params["launched_run"] = prev.get("launched_run") if (prev.get("launched") and not opened) else run
+            if not opened and prev.get("alias"):
+                params["alias"] = prev["alias"]  # a standing machine keeps its alias
             lps[name] = params
             out[name] = "launched" if opened else "standing"
         del upgrades[:-200]
