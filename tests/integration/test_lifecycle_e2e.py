@@ -246,6 +246,11 @@ def test_replacement_is_refused_by_the_gate(ebs, moto_endpoint):
     vol = volume(moto_endpoint, ebs.vid)
     assert vol["AvailabilityZone"] == "us-east-2a" and vol["State"] in ("available", "in-use")
     assert e2e.meta_state_digest(ebs.root) == before
+    # no record changed, and the audit trail holds the refusal (playbooks/history.yml)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
+    lines = history_report(ebs.root, root="storage-aws-ebs")["lines"]
+    assert any("gate refused storage-aws-ebs" in line and "DESTROY NOT WHITELISTED: %s" % EBS_ADDR in line
+               for line in lines), lines
 
 
 def test_apply_flag_turned_off_at_the_approval_prompt(ebs, moto_endpoint):

@@ -93,15 +93,21 @@ def set_storage_builder_size(config_root: str, builder: str, size: int) -> None:
 
 # ------------------------------------------------------------------ meta-state
 def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[str, str]:
-    """{relative path: sha256} of every meta-state file, in every subdirectory (lock files
-    excluded: they hold no record, only the last lock holder's description)."""
+    """{relative path: sha256} of every meta-state record file, in every subdirectory (lock files
+    excluded: they hold no record, only the last lock holder's description; the audit trail
+    excluded: it is history, which a refused run extends)."""
     out: Dict[str, str] = {}
     dirs = ["meta-state"] + (["state"] if with_state_dir else [])
     for d in dirs:
         base = os.path.join(config_root, d)
         if not os.path.isdir(base):
             continue
-        for dirpath, _dirs, files in os.walk(base):
+        for dirpath, dirs, files in os.walk(base):
+            if dirpath == base and d == "meta-state":
+                # the audit trail (audit/, revision.yaml) is append-only history, not records:
+                # a refused or failed run adds its event there and changes no record
+                dirs[:] = [x for x in dirs if x != "audit"]
+                files = [f for f in files if f != "revision.yaml"]
             for f in files:
                 if f.startswith(".") and f.endswith("lock"):
                     continue

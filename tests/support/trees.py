@@ -62,10 +62,14 @@ def read_meta(root: str, name: str) -> Any:
 
 
 def meta_files(root: str) -> dict:
-    """{path relative to meta-state/: bytes} of every meta-state file (the lock files excluded)."""
+    """{path relative to meta-state/: bytes} of every meta-state record file (the lock files and the
+    audit trail, ``audit/`` and ``revision.yaml``, excluded)."""
     base = os.path.join(root, "meta-state")
     out = {}
-    for dirpath, _dirs, names in os.walk(base):
+    for dirpath, dirs, names in os.walk(base):
+        if dirpath == base:  # the audit trail is history, not records (a refused run extends it)
+            dirs[:] = [x for x in dirs if x != "audit"]
+            names = [n for n in names if n != "revision.yaml"]
         for n in sorted(names):
             if n.startswith(".") and n.endswith("lock"):
                 continue

@@ -1016,6 +1016,17 @@ class Transaction:
         self.written: List[str] = []
         self.revision: Optional[int] = None
         self.changes: List[Dict[str, Any]] = []
+        #: what happened without changing a record (a refused gate, a refused apply check):
+        #: committed as an audit record of its own (:meth:`note`)
+        self.events: List[Dict[str, Any]] = []
+
+    def note(self, event: Mapping[str, Any]) -> None:
+        """Audit ``event`` (plain data: ``kind``, ``root``, ``detail``...) with this transaction,
+        even when it changes no record. Secret-shaped values are refused like any record's."""
+        problems = find_secrets(event)
+        if problems:
+            raise MetaStateError("%s: refusing to audit secret-shaped data (%s)" % (self._ms._label_of(AUDIT_DIR), ", ".join(problems)))
+        self.events.append(dict(event))
 
     @property
     def meta_state(self) -> MetaState:
@@ -1142,7 +1153,7 @@ class Transaction:
             else:
                 full = self._plan_whole(name, data, ops) or full
         self._check_invariants(pending, keys, full)
-        if not ops and not after:
+        if not ops and not after and not self.events:
             self.written = []
             return []
         number, version = self._base_revision
@@ -1194,6 +1205,8 @@ class Transaction:
     def _audit(self, stamp: str) -> str:
         doc = {"revision": self.revision, "time": stamp, "who": who(), "what": self._what,
                "context": self._context, "changes": self.changes}
+        if self.events:
+            doc["events"] = self.events
         if find_secrets(doc):
             doc["what"] = "<redacted: secret-shaped>" if find_secrets(self._what) else self._what
             doc["context"] = {k: ("<redacted: secret-shaped>" if find_secrets(v) else v) for k, v in self._context.items()}
@@ -1438,6 +1451,16 @@ def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[
     return True
 
 
+def audit_event(config_root: str, event: Mapping[str, Any], what: Optional[str] = None,
+                context: Optional[Mapping[str, Any]] = None) -> int:
+    """Commit an audit record for something that changed no record (a refused gate, a refused
+    apply check, a failed step); returns its revision."""
+    ms = MetaState(config_root)
+    with ms.transaction(what or "csis %s" % event.get("kind", "event"), context=context) as txn:
+        txn.note(event)
+    return int(txn.revision or 0)
+
+
 def record_at(ms: MetaState, name: str, key: str, revision: int) -> Optional[Dict[str, Any]]:
     """Record ``key`` of keyed file ``name`` as it was right after revision ``revision`` (None: it
     did not exist): the last change of it up to that revision, else (changed only later) what the
@@ -1514,7 +1537,10 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
         by = who_.get("awx_user_name") or who_.get("user") or "?"
         if who_.get("awx_job_id"):
             by += " (AWX job %s)" % who_["awx_job_id"]
-        for change in doc.get("changes") or [{}]:
+        for event in doc.get("events") or []:
+            lines.append("r%s %s %s: %s %s [%s] -- %s" % (doc.get("revision"), doc.get("time"), by, event.get("kind", "event"),
+                                                        event.get("root", ""), doc.get("what", ""), event.get("detail", "")))
+        for change in doc.get("changes") or ([] if doc.get("events") else [{}]):
             head = "r%s %s %s: %s %s%s" % (doc.get("revision"), doc.get("time"), by, change.get("action", "-"),
                                            change.get("file", ""), "/" + change["key"] if change.get("key") else "")
             diff = "; ".join(change.get("diff") or [])

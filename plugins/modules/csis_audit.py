@@ -1,0 +1,100 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import (absolute_import, division, print_function)
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: csis_audit
+short_description: Add an event that changed no record (a refused gate, a refused apply check) to the meta-state audit trail
+version_added: 0.1.0
+description:
+  - Commits one audit record to the tree's meta-state store (local or S3) that holds the event and
+    no record change, under the next revision, with who ran it (the OS user, or the AWX user, job and
+    workflow ids the environment carries).
+  - The C(csis.infra.tofu_root) role calls it when a root's chain fails, so refused gates, refused
+    apply checks and failed steps are in the trail that C(playbooks/history.yml) prints (filter by root).
+  - Secret-shaped values are refused, as in every meta-state write.
+extends_documentation_fragment:
+  - csis.infra.controller.config_root
+options:
+  kind:
+    description: What happened (for example V(gate refused), V(apply check refused), V(failed)).
+    type: str
+    required: true
+  root:
+    description: The root's key (C(csis_root_item.key)).
+    type: str
+    required: true
+  detail:
+    description: What was refused or failed (the gate's violations, the module's message), shortened.
+    type: str
+    default: ''
+  step:
+    description: The task that failed.
+    type: str
+  run_id:
+    description: The run's id.
+    type: str
+  lifecycle:
+    description: The root's lifecycle.
+    type: str
+  plan_digest:
+    description: The digest of the plan the event is about, when there was one.
+    type: str
+attributes:
+  check_mode:
+    details: Nothing is written.
+'''
+
+EXAMPLES = r'''
+- name: Audit a refused gate
+  csis.infra.csis_audit:
+    config_root: "{{ csis_root }}"
+    kind: gate refused
+    root: storage-aws-ebs
+    detail: "DESTROY NOT WHITELISTED: module.storage_mnt_data.aws_ebs_volume.this"
+    run_id: "{{ csis_run_id }}"
+'''
+
+RETURN = r'''
+revision:
+  description: The revision of the audit record (0 in check mode).
+  returned: always
+  type: int
+'''
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import audit_event
+
+DETAIL_MAX = 2000
+
+
+def _audit(module, p):
+    if module.check_mode:
+        return dict(changed=False, revision=0)
+    event = {k: p[k] for k in ("kind", "root", "step", "lifecycle", "plan_digest") if p[k]}
+    event["detail"] = (p["detail"] or "")[:DETAIL_MAX]
+    context = {"root": p["root"], "run": p["run_id"], "lifecycle": p["lifecycle"], "plan_digest": p["plan_digest"]}
+    revision = audit_event(p["config_root"], event, what="csis %s: %s" % (p["kind"], p["root"]),
+                           context={k: v for k, v in context.items() if v})
+    return dict(changed=True, revision=revision)
+
+
+def main():
+    run_module(_audit, argument_spec(
+        CONFIG_ROOT_ARGS,
+        kind=dict(type="str", required=True),
+        root=dict(type="str", required=True),
+        detail=dict(type="str", default=""),
+        step=dict(type="str"),
+        run_id=dict(type="str"),
+        lifecycle=dict(type="str"),
+        plan_digest=dict(type="str"),
+    ), requires=("PyYAML",), failure={"changed": False}, supports_check_mode=True)
+
+
+if __name__ == "__main__":
+    main()
