@@ -1538,8 +1538,9 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
         if who_.get("awx_job_id"):
             by += " (AWX job %s)" % who_["awx_job_id"]
         for event in doc.get("events") or []:
-            lines.append("r%s %s %s: %s %s [%s] -- %s" % (doc.get("revision"), doc.get("time"), by, event.get("kind", "event"),
-                                                        event.get("root", ""), doc.get("what", ""), event.get("detail", "")))
+            fields = (doc.get("revision"), doc.get("time"), by, event.get("kind", "event"), event.get("root", ""),
+                      doc.get("what", ""), event.get("detail", ""))
+            lines.append("r%s %s %s: %s %s [%s] -- %s" % fields)
         for change in doc.get("changes") or ([] if doc.get("events") else [{}]):
             head = "r%s %s %s: %s %s%s" % (doc.get("revision"), doc.get("time"), by, change.get("action", "-"),
                                            change.get("file", ""), "/" + change["key"] if change.get("key") else "")
