@@ -25,9 +25,15 @@ PLAIN = "%s-plain" % TAG
 VERSIONED = "%s-versioned" % TAG
 
 
+#: a hostile tag value (issue 14 item 6): quotes, HCL interpolation and directive openers, a
+#: backslash and non-ASCII text go through validate, render, plan and apply and come back as written
+HOSTILE = 'it\'s "quoted" ${var.nope} %{ if true }x%{ endif } back\\slash \u00fcn\u00efc\u00f8d\u00e9 \u65e5\u672c'
+
+
 def storages(mnt_data: str = "active", plain: str = "active", versioned: str = "active"):
     return [
-        {"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"], "state": mnt_data},
+        {"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"], "state": mnt_data,
+         "tags": {"hostile": HOSTILE}},
         {"name": "plainb", "type": "aws-s3", "bucket_name": PLAIN, "state": plain},
         {"name": "versb", "type": "aws-s3", "bucket_name": VERSIONED, "state": versioned},
     ]
@@ -87,6 +93,8 @@ def tree(moto_endpoint, tmp_path_factory):
         s3.put_object(Bucket=VERSIONED, Key="team/doc.txt", Body=b"v%d" % i)
     s3.delete_object(Bucket=VERSIONED, Key="team/doc.txt")  # a delete marker too
     t.volume_id = st["mnt_data"]["facts"]["volume_id"]
+    tags = {x["Key"]: x["Value"] for x in volume(t, t.volume_id)[0].get("Tags") or []}
+    assert tags.get("hostile") == HOSTILE, tags  # read back from the endpoint, byte for byte
     return t
 
 
