@@ -24,22 +24,28 @@ without it): :data:`HAS_BOTO3` says whether it is there, and :func:`client` rais
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
-import traceback
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from .errors import CsisError, MissingDependency
 
-try:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
-    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
-    HAS_BOTO3 = True
-    BOTO3_IMPORT_ERROR: Optional[str] = None
-except ImportError:
-    HAS_BOTO3 = False
-    BOTO3_IMPORT_ERROR = traceback.format_exc()
+# boto3 is imported on first use, not with this file: a reader that never reaches AWS (validation,
+# a local meta-state store, the inventory of a local tree) must not pay its import, nor urllib3's
+# IPv6 probe (a socket bind), which an offline validation must not make.
+HAS_BOTO3 = importlib.util.find_spec("boto3") is not None and importlib.util.find_spec("botocore") is not None
+BOTO3_IMPORT_ERROR: Optional[str] = None if HAS_BOTO3 else "No module named 'boto3' (or 'botocore')"
+_BOTO: Dict[str, Any] = {}
+
+
+def boto() -> Dict[str, Any]:
+    """boto3, ``botocore.config`` and ``botocore.exceptions``, imported once, on first use."""
+    if not _BOTO:
+        _BOTO["boto3"] = importlib.import_module("boto3")
+        _BOTO["config"] = importlib.import_module("botocore.config")
+        _BOTO["exceptions"] = importlib.import_module("botocore.exceptions")
+    return _BOTO
 
 #: services the provider reaches through a runtime's single endpoint URL
 PROVIDER_SERVICES = ("ec2", "efs", "iam", "s3", "ssm", "sts")
@@ -103,8 +109,9 @@ def client(service: str, access: Mapping[str, Any]) -> Any:
     if not HAS_BOTO3:
         raise MissingDependency("boto3", BOTO3_IMPORT_ERROR)
     limits = client_settings(access)
-    session = boto3.session.Session(profile_name=access.get("profile") or None, region_name=access.get("region"))
-    cfg = Config(connect_timeout=limits["connect_timeout"], read_timeout=limits["read_timeout"],
+    mods = boto()
+    session = mods["boto3"].session.Session(profile_name=access.get("profile") or None, region_name=access.get("region"))
+    cfg = mods["config"].Config(connect_timeout=limits["connect_timeout"], read_timeout=limits["read_timeout"],
                  retries={"total_max_attempts": limits["max_attempts"], "mode": "standard"},
                  s3={"addressing_style": "path"} if access.get("s3_use_path_style") else {})
     return session.client(service, endpoint_url=(access.get("endpoints") or {}).get(service), config=cfg)
@@ -176,15 +183,19 @@ def is_transport(exc: BaseException) -> bool:
     """A connection/timeout error: the endpoint is not reachable."""
     if not HAS_BOTO3:
         return False
-    return isinstance(exc, (BotoConnectionError, HTTPClientError))
+    errors = boto()["exceptions"]
+    return isinstance(exc, (errors.ConnectionError, errors.HTTPClientError))
 
 
 def timeout_text(exc: BaseException) -> Optional[str]:
     """For a connect or read timeout: what waited how long, and the setting to change; else None."""
-    if not HAS_BOTO3 or not isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+    if not HAS_BOTO3:
+        return None
+    errors = boto()["exceptions"]
+    if not isinstance(exc, (errors.ConnectTimeoutError, errors.ReadTimeoutError)):
         return None
     limits = client_settings()
-    key = "connect_timeout" if isinstance(exc, ConnectTimeoutError) else "read_timeout"
+    key = "connect_timeout" if isinstance(exc, errors.ConnectTimeoutError) else "read_timeout"
     return ("no answer within %g s (%s, %d attempt(s); set %s / %s to wait longer)"
             % (limits[key], key.replace("_", " "), limits["max_attempts"], CLIENT_SETTINGS[key][0],
                CLIENT_SETTINGS["max_attempts"][0]))
