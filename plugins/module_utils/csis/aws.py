@@ -47,6 +47,7 @@ def boto() -> Dict[str, Any]:
         _BOTO["exceptions"] = importlib.import_module("botocore.exceptions")
     return _BOTO
 
+
 #: services the provider reaches through a runtime's single endpoint URL
 PROVIDER_SERVICES = ("ec2", "efs", "iam", "s3", "ssm", "sts")
 
@@ -111,7 +112,8 @@ def client(service: str, access: Mapping[str, Any]) -> Any:
     limits = client_settings(access)
     mods = boto()
     session = mods["boto3"].session.Session(profile_name=access.get("profile") or None, region_name=access.get("region"))
-    cfg = mods["config"].Config(connect_timeout=limits["connect_timeout"], read_timeout=limits["read_timeout"],
+    config = mods["config"].Config
+    cfg = config(connect_timeout=limits["connect_timeout"], read_timeout=limits["read_timeout"],
                  retries={"total_max_attempts": limits["max_attempts"], "mode": "standard"},
                  s3={"addressing_style": "path"} if access.get("s3_use_path_style") else {})
     return session.client(service, endpoint_url=(access.get("endpoints") or {}).get(service), config=cfg)
