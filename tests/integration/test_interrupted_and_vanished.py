@@ -109,7 +109,10 @@ def test_killed_run_does_not_leave_terraform_applying(tree, moto_endpoint):
 
 
 def all_volume_ids(ep):
-    return {v["VolumeId"] for v in ep.client("ec2").describe_volumes()["Volumes"]}
+    """The volumes of this test's storage p1 (Name=p1). Not every volume at the endpoint: the
+    other test files share it and create volumes of their own at any moment."""
+    vols = ep.client("ec2").describe_volumes(Filters=[{"Name": "tag:Name", "Values": ["p1"]}])["Volumes"]
+    return {v["VolumeId"] for v in vols}
 
 
 def test_vanished_volume_is_not_recreated_empty(tree, moto_endpoint):
