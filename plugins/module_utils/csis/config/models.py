@@ -114,6 +114,14 @@ def optional(check: Any, *args: Any) -> Any:
     return classmethod(validate)
 
 
+def relative_path(v: str, what: str = "path") -> str:
+    """A relative key or path of plain names (no ``..``, no leading ``/``), without its outer slashes."""
+    parts = v.split("/")
+    if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+\Z", p) for p in parts if p):
+        raise ValueError("%s %r must be a relative path of plain names (no '..', no leading '/')" % (what, v))
+    return v.strip("/")
+
+
 def check_builder_reference(cls: Any, v: Any, info: Any) -> Any:
     """A ``type`` (builder) or ``runtime`` reference: not empty, a plain name."""
     what = "a runtime" if info.field_name == "runtime" else "a builder"
@@ -269,15 +277,7 @@ class MetaStateSetting(Strict):
     _n = field_validator("state_backend", mode="before")(
         classmethod(lambda cls, v: v if v is None else check_name(normalize_builder_name(v), "state backend name")))
 
-    @field_validator("prefix")
-    @classmethod
-    def _prefix(cls, v: Optional[str]) -> Optional[str]:
-        if v is None:
-            return v
-        parts = v.split("/")
-        if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+\Z", p) for p in parts if p):
-            raise ValueError("prefix %r must be a relative key prefix of plain names (no '..', no leading '/')" % v)
-        return v.strip("/")
+    _prefix = field_validator("prefix")(optional(relative_path, "prefix"))
 
     @model_validator(mode="after")
     def _required(self) -> "MetaStateSetting":
@@ -510,15 +510,7 @@ class StateBackend(Strict):
 
     _n = field_validator("name", mode="before")(classmethod(lambda cls, v: check_name(normalize_builder_name(v), "state backend name")))
 
-    @field_validator("key", "directory")
-    @classmethod
-    def _path(cls, v: Optional[str]) -> Optional[str]:
-        if v is None:
-            return v
-        parts = v.split("/")
-        if v.startswith("/") or ".." in parts or not all(re.match(r"^[A-Za-z0-9_.-]+\Z", p) for p in parts if p):
-            raise ValueError("%r must be a relative path of plain names (no '..', no leading '/')" % v)
-        return v.strip("/")
+    _path = field_validator("key", "directory")(optional(relative_path, "path"))
 
     _bucket = field_validator("bucket")(optional(check_bucket, "bucket"))
 
