@@ -66,5 +66,15 @@ def write_atomic(path: str, payload: bytes, mode: Optional[int] = None) -> None:
     fsync_dir(directory)
 
 
+def read_json(path: str) -> Any:
+    """The JSON document at ``path``, or None when there is no such file. Other read errors
+    (``OSError``) and bad JSON (``ValueError``) are the caller's to name."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+
+
 def write_json_atomic(path: str, data: Any) -> None:
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))

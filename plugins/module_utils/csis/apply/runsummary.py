@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from ..clock import now
 from ..errors import CsisError
-from ..fsutil import write_json_atomic
+from ..fsutil import read_json, write_json_atomic
 
 RUN_SUMMARY = os.path.join("generated", "run-summary.json")
 LOCK = os.path.join("generated", ".run-summary.lock")
@@ -58,12 +57,11 @@ def read(config_root: str) -> Optional[Dict[str, Any]]:
     """The last run's summary, or None when no real run wrote one. A damaged file is refused."""
     path = path_of(config_root)
     try:
-        with open(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return None
+        data = read_json(path)
     except (OSError, ValueError) as exc:
         raise RunSummaryError("%s: cannot be read as the run summary: %s" % (path, exc)) from exc
+    if data is None:
+        return None
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("roots"), dict):
         raise RunSummaryError("%s: is not a csis.infra run summary (version %s)" % (path, VERSION))
     return data

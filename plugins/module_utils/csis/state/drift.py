@@ -24,7 +24,7 @@ from ..aws import ClientFactory, tree_access
 from ..config.loader import load_tree
 from ..config.validate import read_meta
 from ..errors import CsisError
-from ..fsutil import write_atomic
+from ..fsutil import read_json, write_atomic
 from .expectations import expectations
 from .lookups import observe
 
@@ -282,14 +282,13 @@ def read_report(config_root: str, strict: bool = False) -> Optional[Dict[str, An
     None too, unless ``strict``: then :class:`DriftError` names the file."""
     path = report_path(config_root)
     try:
-        with open(path, "r", encoding="utf-8") as handle:
-            report = json.load(handle)
-    except FileNotFoundError:
-        return None
+        report = read_json(path)
     except (OSError, ValueError) as exc:
         if strict:
             raise DriftError("%s: cannot be read (%s); run 'state query' again to rewrite it"
                              % (path, getattr(exc, "strerror", None) or exc)) from exc
+        return None
+    if report is None:
         return None
     if not isinstance(report, dict):
         if strict:
