@@ -438,3 +438,42 @@ def test_killed_apply_then_rerun_converges(ebs, moto_endpoint):
     assert recs["mnt_scratch"]["state"] == "active"
     for vid in ids:
         assert volume(ep, vid)["State"] in ("available", "in-use")
+
+
+def _run_lock_holder(root):
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
+
+    return runlock.holder(runlock.open_objects(root))
+
+
+def test_a_second_run_on_the_tree_is_refused_naming_the_first(ebs, moto_endpoint):
+    """Two runs on one tree at once (issue 16): the second one, started while the first
+    holds the tree, fails in one line naming it (csis_run_lock_timeout=0: no wait) before it
+    renders anything; the first finishes untouched, and its lock ends with it."""
+    import time
+
+    ep = moto_endpoint
+    first = e2e.start_playbook("storage.yml", ebs.root, ep.env, ebs.log("first.log"), overlays=overlays(ep))
+    try:
+        deadline = time.monotonic() + 120
+        while _run_lock_holder(ebs.root) is None and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = _run_lock_holder(ebs.root)
+        assert held and held["pid"] == first.pid, open(ebs.log("first.log"), encoding="utf-8").read()[-3000:]
+        rendered = os.path.join(ebs.root_dir, "aws-ebs-storage-generation.tf")
+        mtime = os.stat(rendered).st_mtime_ns
+        second = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep),
+                                  extra_vars={"csis_run_lock_timeout": 0}, log=ebs.log("second.log"))
+        assert second.rc != 0
+        line = " ".join(second.out.split())
+        assert "meta-state/.run.lock: this tree is held by pid %d on host" % first.pid in line, second.tail()
+        assert "playbooks/storage.yml" in line and "Render the storage roots" not in second.out
+        assert os.stat(rendered).st_mtime_ns == mtime  # the second run rendered nothing
+    finally:
+        rc = first.wait(timeout=900)
+    assert rc == 0, open(ebs.log("first.log"), encoding="utf-8").read()[-3000:]
+    assert NOOP in open(ebs.log("first.log"), encoding="utf-8").read()
+    deadline = time.monotonic() + 10
+    while _run_lock_holder(ebs.root) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _run_lock_holder(ebs.root) is None, "the first run's lock outlived it"

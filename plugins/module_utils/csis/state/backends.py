@@ -158,11 +158,18 @@ def signature(st: os.stat_result) -> str:
 class FileLock:
     """Exclusive ``flock`` on ``<dir>/.lock``; the holder describes itself in the file."""
 
-    def __init__(self, directory: str, timeout: float, what: str, poll: float = 0.05) -> None:
-        self.path = os.path.join(directory, LOCK_NAME)
+    def __init__(self, directory: str, timeout: float, what: str, poll: float = 0.05,
+                 name: str = LOCK_NAME, extra: Optional[Mapping[str, Any]] = None,
+                 busy: str = "another csis.infra run is writing this tree",
+                 subject: str = "meta-state is locked") -> None:
+        self.name = name
+        self.path = os.path.join(directory, name)
         self.timeout = timeout
         self.what = what
         self.poll = poll
+        self.extra = dict(extra or {})
+        self.busy = busy
+        self.subject = subject
         self.fd: Optional[int] = None
 
     def _holder(self) -> str:
@@ -174,7 +181,7 @@ class FileLock:
         return holder_text(info, extra=False)
 
     def acquire(self) -> None:
-        label = "%s/%s" % (META_STATE_DIR, LOCK_NAME)
+        label = "%s/%s" % (META_STATE_DIR, self.name)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
@@ -190,11 +197,10 @@ class FileLock:
                         raise MetaStateError("%s: cannot lock: %s" % (label, exc)) from exc
                 if time.monotonic() >= deadline:
                     raise MetaStateError(
-                        "%s: meta-state is locked by %s; another csis.infra run is writing "
-                        "this tree. Wait for it, or if that process is gone the lock frees "
-                        "itself" % (label, self._holder()))
+                        "%s: %s by %s; %s. Wait for it, or if that process is "
+                        "gone the lock frees itself" % (label, self.subject, self._holder(), self.busy))
                 time.sleep(self.poll)
-            info = dict(who(), since=now_iso(), what=self.what)
+            info = dict(who(), since=now_iso(), what=self.what, **self.extra)
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode("utf-8"), 0)
         except BaseException:
@@ -429,8 +435,16 @@ class S3Lock:
     """The lock object ``<prefix>/meta-state/.lock`` (see the module docstring)."""
 
     def __init__(self, objects: "S3Objects", timeout: float, what: str, ttl: float,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, name: str = LOCK_NAME,
+                 extra: Optional[Mapping[str, Any]] = None,
+                 busy: str = "another csis.infra run is writing this tree",
+                 subject: str = "meta-state is locked", knob: str = "lock_timeout / csis_lock_timeout") -> None:
         self.objects = objects
+        self.name = name
+        self.extra = dict(extra or {})
+        self.busy = busy
+        self.subject = subject
+        self.knob = knob
         self.timeout = timeout
         self.what = what
         self.ttl = ttl
@@ -440,23 +454,23 @@ class S3Lock:
 
     def _body(self) -> bytes:
         created = time.time()
-        info = {"owner": dict(who(), what=self.what), "created": now_iso(),
+        info = {"owner": dict(who(), what=self.what, **self.extra), "created": now_iso(),
                 "expires": _dt.datetime.fromtimestamp(created + self.ttl, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "expires_epoch": created + self.ttl}
         return (json.dumps(info, sort_keys=True) + "\n").encode("utf-8")
 
     def acquire(self) -> None:
-        label = self.objects.label(LOCK_NAME)
+        label = self.objects.label(self.name)
         deadline = time.monotonic() + max(0.0, self.timeout)
         delay = 0.1
         while True:
             try:
-                self.etag = self.objects.put(LOCK_NAME, self._body(), ABSENT)
+                self.etag = self.objects.put(self.name, self._body(), ABSENT)
                 self.renewed = time.monotonic()
                 return
             except Conflict:
                 pass
-            raw, etag = self.objects.get(LOCK_NAME)
+            raw, etag = self.objects.get(self.name)
             if raw is None:
                 continue  # released meanwhile: try again at once
             try:
@@ -466,7 +480,7 @@ class S3Lock:
                 info, expires = {}, 0.0  # not a lock csis.infra wrote: treat it as expired
             if time.time() >= expires:
                 try:
-                    self.objects.delete(LOCK_NAME, etag)
+                    self.objects.delete(self.name, etag)
                     self.objects.notices.append(
                         "%s: broke the expired lock of %s (it expired at %s and was not renewed: its holder "
                         "is gone)" % (label, holder_text(info), info.get("expires", "?")))
@@ -475,9 +489,9 @@ class S3Lock:
                 continue
             if time.monotonic() >= deadline:
                 raise MetaStateError(
-                    "%s: meta-state is locked by %s (until %s unless renewed); another csis.infra run is "
-                    "writing this tree. Waited %.0f s (lock_timeout / csis_lock_timeout)"
-                    % (label, holder_text(info), info.get("expires", "?"), self.timeout))
+                    "%s: %s by %s (until %s unless renewed); %s. Waited %.0f s (%s)"
+                    % (label, self.subject, holder_text(info), info.get("expires", "?"), self.busy, self.timeout,
+                       self.knob))
             self.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
 
@@ -486,18 +500,18 @@ class S3Lock:
         if self.etag is None or time.monotonic() - self.renewed < self.ttl / 2:
             return
         try:
-            self.etag = self.objects.put(LOCK_NAME, self._body(), self.etag)
+            self.etag = self.objects.put(self.name, self._body(), self.etag)
             self.renewed = time.monotonic()
         except Conflict as exc:
             raise MetaStateError("%s: this run's lock was broken by another run (it expired), so nothing more "
-                                 "is written" % self.objects.label(LOCK_NAME)) from exc
+                                 "is written" % self.objects.label(self.name)) from exc
 
     def release(self) -> None:
         if self.etag is None:
             return
         etag, self.etag = self.etag, None
         try:
-            self.objects.delete(LOCK_NAME, etag)
+            self.objects.delete(self.name, etag)
         except MetaStateError:
             pass  # broken meanwhile, or the endpoint is gone: it expires by itself
 

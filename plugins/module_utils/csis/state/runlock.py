@@ -1,0 +1,307 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The run lock: one lifecycle run per configuration tree at a time, render to record.
+
+Two runs on one tree at once collide long before meta-state does: the second run's render
+rewrites the roots the first one planned, its plan binding deletes the first run's gated
+plan file, and terraform's state lock refuses one of them with a raw 412. The meta-state
+transaction lock (``meta-state/.lock``) only covers a commit. The run lock covers the run.
+
+* It lives in the meta-state store, beside the transaction lock: ``meta-state/.run.lock``
+  (local backend: an exclusive ``flock``) or ``<prefix>/meta-state/.run.lock`` in the S3
+  bucket (an object created with ``If-None-Match: *`` that expires unless renewed,
+  ``CSIS_RUN_LOCK_TTL``, 60 s by default), so AWX execution nodes that share only the
+  cloud exclude each other too.
+* Its holder is a small watcher process that :func:`acquire` forks (detached, in a
+  session of its own, with no open file of the caller's): it takes the lock, reports back,
+  and then holds it for as long as the ``ansible-playbook`` process that started the run
+  lives. Whether that run ends normally, fails, or is killed (SIGKILL included), the watcher
+  sees it gone within :data:`POLL` seconds and releases the lock. No step of the playbooks
+  has to release it, and a killed run cannot leave it behind: a dead watcher's ``flock`` is
+  dropped by the kernel, and its S3 object expires.
+* Re-entrant per run: ``site.yml`` runs three lifecycles under one ``ansible-playbook``; the
+  second and third find the lock held by their own controller and go on.
+* A second run waits up to ``timeout`` (``csis_run_lock_timeout``, :data:`DEFAULT_TIMEOUT`)
+  and then fails with one line naming the holder: its ``ansible-playbook`` pid and host,
+  since when, the playbooks it runs, its user and AWX job.
+
+Plain Python: importable without Ansible.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any, Dict, List, Optional
+
+from .backends import DEFAULT_LOCK_TTL, LOCK_NAME, FileLock, LocalObjects, MetaStateError, S3Lock, open_objects
+
+RUN_LOCK_NAME = ".run.lock"
+#: seconds a second run waits for the tree (``csis_run_lock_timeout``)
+DEFAULT_TIMEOUT = 90.0
+#: how long the S3 run lock lives unless renewed (the watcher renews it at half its life)
+DEFAULT_TTL = 60.0
+#: how often the watcher looks whether the run is still there, seconds
+POLL = 0.5
+BUSY = "another csis.infra run is working on this tree (render to record)"
+SUBJECT = "this tree is held"
+KNOB = "csis_run_lock_timeout"
+
+assert RUN_LOCK_NAME != LOCK_NAME and DEFAULT_TTL < DEFAULT_LOCK_TTL
+
+
+class RunLockBusy(MetaStateError):
+    """Another run holds the tree (the message names it)."""
+
+
+# --------------------------------------------------------------------------- the run's process
+def _stat(pid: int) -> Optional[List[str]]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), None when gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "r", encoding="utf-8", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if not fields or fields[0] in ("Z", "X") else fields
+
+
+def _argv(pid: int) -> List[str]:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return [a.decode("utf-8", "replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _is_playbook(argv: List[str]) -> bool:
+    return any(os.path.basename(a).startswith("ansible-playbook") for a in argv[:2])
+
+
+def playbooks_of(argv: List[str]) -> List[str]:
+    """The playbook arguments of an ``ansible-playbook`` command line (never its extra vars,
+    which may hold secrets): the ``*.yml``/``*.yaml`` arguments that follow no option."""
+    out: List[str] = []
+    skip = False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            skip = "=" not in arg and arg not in ("--check", "-C", "--diff", "-D", "-v", "-vv", "-vvv", "-vvvv",
+                                                  "--syntax-check", "--list-tasks", "--list-hosts", "--step",
+                                                  "--flush-cache", "--force-handlers")
+            continue
+        if arg.endswith((".yml", ".yaml")):
+            out.append(arg)
+    return out
+
+
+def controller(start: Optional[int] = None) -> Dict[str, Any]:
+    """The process whose life bounds the run: walking up from ``start`` (default: our parent),
+    the last ``ansible-playbook`` of the first row of them (Ansible's worker, forked from the
+    controller, shows the controller's command line too). Without one among the ancestors
+    (the module run by ``ansible`` ad hoc, or by a test): the parent itself.
+    ``{pid, start, playbooks}`` (``start``: the kernel's start time, so a reused pid is told apart)."""
+    pid = os.getppid() if start is None else start
+    chain = []
+    while pid > 1:
+        fields = _stat(pid)
+        if fields is None:
+            break
+        argv = _argv(pid)
+        chain.append((pid, fields[19], argv, _is_playbook(argv)))
+        pid = int(fields[1])
+    if not chain:
+        raise MetaStateError("the run lock cannot find the process of this run (no /proc entry for pid %d)"
+                             % (os.getppid() if start is None else start))
+    pick = chain[0]
+    seen = False
+    for entry in chain:
+        if entry[3]:
+            pick, seen = entry, True
+        elif seen:
+            break
+    return {"pid": pick[0], "start": pick[1], "playbooks": playbooks_of(pick[2]) if pick[3] else []}
+
+
+def alive(pid: int, start: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[19] == start
+
+
+# --------------------------------------------------------------------------- the lock
+def _ttl() -> float:
+    try:
+        value = float(os.environ.get("CSIS_RUN_LOCK_TTL") or 0)
+    except ValueError:
+        value = 0.0
+    return value if value > 0 else DEFAULT_TTL
+
+
+def _lock(objects: Any, timeout: float, what: str, extra: Dict[str, Any]) -> Any:
+    if isinstance(objects, LocalObjects):
+        objects.ensure()
+        return FileLock(objects.dir, timeout, what, poll=0.2, name=RUN_LOCK_NAME, extra=extra, busy=BUSY,
+                        subject=SUBJECT)
+    return S3Lock(objects, timeout, what, _ttl(), name=RUN_LOCK_NAME, extra=extra, busy=BUSY, subject=SUBJECT,
+                  knob=KNOB)
+
+
+def holder(objects: Any) -> Optional[Dict[str, Any]]:
+    """The description of the run that holds the tree now, None when nobody does."""
+    if isinstance(objects, LocalObjects):
+        import fcntl  # pylint: disable=import-outside-toplevel
+
+        path = os.path.join(objects.dir, RUN_LOCK_NAME)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return None  # nobody holds it
+            except OSError:
+                pass
+            raw = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        try:
+            info = json.loads(raw.decode("utf-8") or "{}")
+        except (ValueError, UnicodeDecodeError):
+            info = {}
+        return info if isinstance(info, dict) else {}
+    raw = objects.get(RUN_LOCK_NAME)[0]
+    if raw is None:
+        return None
+    try:
+        info = json.loads(raw.decode("utf-8"))
+        if time.time() >= float(info.get("expires_epoch")):
+            return None
+        owner = info.get("owner")
+        return dict(owner, since=info.get("created")) if isinstance(owner, dict) else {}
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return {}
+
+
+def _same_run(info: Optional[Dict[str, Any]], ctl: Dict[str, Any]) -> bool:
+    import socket  # pylint: disable=import-outside-toplevel
+
+    return bool(info) and str(info.get("pid")) == str(ctl["pid"]) and info.get("controller_start") == ctl["start"] \
+        and info.get("host") == socket.gethostname()
+
+
+def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csis.infra run",
+            csis_run_id: str = "", ctl: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Take the run lock of the tree at ``config_root`` for the run ``ctl`` (default:
+    :func:`controller`), or find it already held by that run. Returns ``{where, reentered,
+    holder, notices}``; raises :class:`RunLockBusy` naming the holder after ``timeout`` seconds,
+    :class:`MetaStateError` when the store cannot be reached or written."""
+    objects = open_objects(config_root)
+    ctl = ctl or controller()
+    where = objects.label(RUN_LOCK_NAME)
+    current = holder(objects)
+    if _same_run(current, ctl):
+        return {"where": where, "reentered": True, "holder": current, "notices": []}
+    extra = {"pid": ctl["pid"], "controller_start": ctl["start"], "playbooks": ctl.get("playbooks") or [],
+             "csis_run_id": csis_run_id}
+    if extra["playbooks"]:
+        what = "%s: %s" % (what, " ".join(extra["playbooks"]))
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the watcher's side (it reports through the pipe)
+        _watch(objects, ctl, timeout, what, extra, read_end, write_end)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_end)
+    try:
+        answer = json.loads(b"".join(chunks).decode("utf-8") or "{}")
+    except (ValueError, UnicodeDecodeError):
+        answer = {}
+    if answer.get("busy"):
+        raise RunLockBusy(answer["busy"])
+    if answer.get("error"):
+        raise MetaStateError(answer["error"])
+    if not answer.get("ok"):
+        raise MetaStateError("%s: the process that holds the run lock did not start" % where)
+    return {"where": where, "reentered": False, "holder": answer.get("holder") or {},
+            "notices": answer.get("notices") or []}
+
+
+def _close_fds(keep: int) -> None:
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _exit_on_signal(_signum: int, _frame: Any) -> None:  # pragma: no cover - the watcher's SIGTERM
+    raise SystemExit(0)
+
+
+def _watch(objects: Any, ctl: Dict[str, Any], timeout: float, what: str, extra: Dict[str, Any],
+           read_end: int, write_end: int) -> None:  # pragma: no cover - runs in the forked watcher
+    """The watcher: detach, take the lock, report, hold it while the run lives, release it."""
+    lock = None
+    try:
+        os.close(read_end)
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)  # the first child ends at once: the caller reaps it, the watcher is nobody's child
+        os.chdir("/")
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        _close_fds(write_end)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        extra = dict(extra, watcher_pid=os.getpid())
+        try:
+            lock = _lock(objects, timeout, what, extra)
+            lock.acquire()
+            answer: Dict[str, Any] = {"ok": True, "holder": dict(extra, what=what),
+                                      "notices": list(getattr(objects, "notices", []))}
+        except MetaStateError as exc:
+            msg = str(exc)
+            answer = {"busy": msg} if SUBJECT in msg else {"error": msg}
+            lock = None
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, never a traceback here
+            answer = {"error": "%s: cannot take the run lock: %s" % (objects.label(RUN_LOCK_NAME), exc)}
+            lock = None
+        os.write(write_end, json.dumps(answer).encode("utf-8"))
+        os.close(write_end)
+        if lock is None:
+            os._exit(0)
+        while alive(ctl["pid"], ctl["start"]):
+            time.sleep(POLL)
+            try:
+                lock.refresh()
+            except MetaStateError:
+                lock = None  # broken by another run after it expired: nothing left to hold
+                break
+    except BaseException:  # noqa: BLE001 - SystemExit from SIGTERM included: release, then end
+        pass
+    finally:
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception:  # noqa: BLE001 - the S3 lock then expires by itself
+                pass
+        os._exit(0)
+

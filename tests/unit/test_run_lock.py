@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The run lock (state/runlock.py) on the local backend, with real processes standing in
+for ansible-playbook runs: a watcher process holds the lock while its run lives and
+releases it when the run ends, even by SIGKILL."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
+
+
+def _run() -> Any:
+    """A process standing for one ansible-playbook run, and its controller description."""
+    proc = subprocess.Popen(["sleep", "120"])
+    return proc, runlock.controller(start=proc.pid)
+
+
+def _wait_free(root: str, seconds: float = 10.0) -> bool:
+    objects = runlock.open_objects(root)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if runlock.holder(objects) is None:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_playbooks_of_names_the_playbooks_and_never_the_extra_vars() -> None:
+    argv = ["/venv/bin/ansible-playbook", "-e", "secret=hunter2.yml", "-i", "inv.yml", "playbooks/storage.yml",
+            "--extra-vars=@vars.yml", "-v", "site.yml"]
+    assert runlock.playbooks_of(argv) == ["playbooks/storage.yml", "site.yml"]
+
+
+def test_controller_without_ansible_playbook_is_the_process_itself() -> None:
+    proc, ctl = _run()
+    try:
+        assert ctl["pid"] == proc.pid and ctl["playbooks"] == []
+        assert runlock.alive(ctl["pid"], ctl["start"])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not runlock.alive(ctl["pid"], ctl["start"])
+
+
+def test_one_run_at_a_time_and_the_lock_ends_with_its_run(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    first, ctl1 = _run()
+    second, ctl2 = _run()
+    try:
+        got = runlock.acquire(root, timeout=5, what="storage run", ctl=ctl1)
+        assert got["reentered"] is False and got["where"] == "meta-state/.run.lock"
+        held = runlock.holder(runlock.open_objects(root))
+        assert held and held["pid"] == first.pid and held["watcher_pid"] != os.getpid()
+
+        # the same run again (site.yml's next lifecycle): re-entered, nothing new
+        assert runlock.acquire(root, timeout=0, ctl=ctl1)["reentered"] is True
+
+        # another run: waits, then one line naming the holder
+        t0 = time.monotonic()
+        with pytest.raises(runlock.RunLockBusy) as err:
+            runlock.acquire(root, timeout=0.5, what="instance-image run", ctl=ctl2)
+        assert time.monotonic() - t0 >= 0.5
+        msg = str(err.value)
+        assert "meta-state/.run.lock: this tree is held by pid %d" % first.pid in msg
+        assert "storage run" in msg and "\n" not in msg
+
+        # the first run dies without any release step (SIGKILL): its watcher frees the tree
+        first.kill()
+        first.wait()
+        got2 = runlock.acquire(root, timeout=10, what="instance-image run", ctl=ctl2)
+        assert got2["reentered"] is False
+        assert runlock.holder(runlock.open_objects(root))["pid"] == second.pid
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert _wait_free(root), "the watcher kept the lock after its run ended"
+
+
+def test_an_unwritable_store_is_an_error_not_a_wait(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "meta-state"))
+    os.mkdir(os.path.join(root, "meta-state", runlock.RUN_LOCK_NAME))  # a directory where the lock file belongs
+    proc, ctl = _run()
+    try:
+        with pytest.raises(runlock.MetaStateError) as err:
+            runlock.acquire(root, timeout=30, ctl=ctl)
+        assert not isinstance(err.value, runlock.RunLockBusy)
+        assert "meta-state/.run.lock" in str(err.value)
+    finally:
+        proc.kill()
+        proc.wait()
