@@ -69,6 +69,13 @@ holder:
     C(pid) (its ansible-playbook), C(host), C(user), C(playbooks), C(csis_run_id), C(watcher_pid), AWX ids.
   returned: always
   type: dict
+controller:
+  description: >-
+    The C(ansible-playbook) process of this run, whose end releases the lock: C(pid), C(start) (the kernel's start
+    time) and C(watch) (C(<pid>:<start>), what C(csis.infra.tofu_root) gives its terraform supervisor to watch).
+  returned: success
+  type: dict
+  sample: {"pid": 4242, "start": "1234567", "watch": "4242:1234567"}
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
@@ -88,7 +95,8 @@ def main():
     try:
         if module.check_mode:
             objects = runlock.open_objects(p["config_root"])
-            module.exit_json(changed=False, where=objects.label(runlock.RUN_LOCK_NAME), holder=runlock.holder(objects))
+            module.exit_json(changed=False, where=objects.label(runlock.RUN_LOCK_NAME), holder=runlock.holder(objects),
+                             controller=runlock.controller_info())
         res = runlock.acquire(p["config_root"], timeout=max(0.0, p["timeout"]), what=p["what"], csis_run_id=p["run_id"])
     except CsisError as exc:
         fail_from(module, exc)

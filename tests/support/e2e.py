@@ -249,34 +249,76 @@ def tree_processes(root_pid: int) -> List[Dict[str, Any]]:
     return [table[p] for p in sorted(keep)]
 
 
-def kill_tree(root_pid: int) -> List[Dict[str, Any]]:
-    """SIGSTOP then SIGKILL every process of the tree (stopped first so none can fork or re-parent away)."""
+def run_processes(root_pid: int, dirs: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The processes of a run: its tree, plus, for ``dirs``, the daemonised trees working there.
+    The async apply is daemonised by Ansible: async_wrapper, the module, csis-tf-supervise and
+    terraform are no descendants of ansible-playbook; terraform and its supervisor work in the
+    root, and the module above them starts the next supervisor (``output -json``) if it lives."""
     procs = tree_processes(root_pid)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for p in procs:
-            try:
-                os.kill(p["pid"], sig)
-            except OSError:
-                pass
-        if sig == signal.SIGSTOP:
-            procs = tree_processes(root_pid) or procs
+    if not dirs:
+        return procs
+    table = _proc_table()
+    real = {os.path.realpath(d) for d in dirs}
+    mine = set()
+    pid = os.getpid()
+    while pid in table:  # this test process and its ancestors are never part of a run
+        mine.add(pid)
+        pid = table[pid]["ppid"]
+    tops = set()
+    for p in table.values():
+        if os.path.realpath(p["cwd"]) not in real:
+            continue
+        top = p["pid"]
+        while True:  # up through the Ansible processes above it (async_wrapper, the module)
+            parent = table.get(table.get(top, {}).get("ppid", 0))
+            if not parent or parent["pid"] in mine or not any("ansible" in a.lower() for a in parent["argv"]):
+                break
+            top = parent["pid"]
+        tops.add(top)
+    seen = {p["pid"] for p in procs}
+    for top in sorted(tops):
+        procs += [p for p in tree_processes(top) if p["pid"] not in seen and p["pid"] not in mine]
+        seen = {p["pid"] for p in procs}
     return procs
 
 
+def kill_tree(root_pid: int, dirs: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """SIGSTOP then SIGKILL every process of the run (stopped first so none can fork or re-parent
+    away); ``dirs``: as :func:`run_processes`."""
+    killed: Dict[int, Dict[str, Any]] = {}
+    for _round in range(10):  # again while a process forked between the look and the stop
+        procs = [p for p in run_processes(root_pid, dirs) if p["pid"] not in killed]
+        if not procs:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for p in procs:
+                try:
+                    os.kill(p["pid"], sig)
+                except OSError:
+                    pass
+            if sig == signal.SIGSTOP:  # stopped: none can fork now; take the whole picture again
+                more = {p["pid"]: p for p in run_processes(root_pid, dirs)}
+                procs = list({**{p["pid"]: p for p in procs}, **more}.values())
+        killed.update({p["pid"]: p for p in procs})
+        time.sleep(0.05)
+    return list(killed.values())
+
+
 def kill_tree_when(proc: subprocess.Popen, predicate, timeout: float = 1200,
-                   poll: float = 0.2) -> Optional[Dict[str, Any]]:
-    """SIGKILL the whole run (``proc`` and every descendant) as soon as one of its processes
-    satisfies ``predicate``. Returns the matching process, or None if the run ended first."""
+                   poll: float = 0.2, dirs: Sequence[str] = ()) -> Optional[Dict[str, Any]]:
+    """SIGKILL the whole run (``proc``, every descendant, and with ``dirs`` the processes working
+    there: :func:`run_processes`) as soon as one of them satisfies ``predicate``. Returns the
+    matching process, or None if the run ended first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        for p in tree_processes(proc.pid):
+        for p in run_processes(proc.pid, dirs):
             if predicate(p):
-                kill_tree(proc.pid)
+                kill_tree(proc.pid, dirs)
                 proc.wait()
                 return p
         time.sleep(poll)
     if proc.poll() is None:
-        kill_tree(proc.pid)
+        kill_tree(proc.pid, dirs)
         proc.wait()
     return None
 

@@ -19,6 +19,28 @@ then stops gracefully: it lets the resource operations in flight finish, saves t
 and releases the state lock) and waits for terraform to exit. terraform also gets SIGINT
 if the supervisor itself dies (Linux PR_SET_PDEATHSIG). It never sends a second SIGINT
 (that makes terraform exit at once, without saving the state).
+
+``validate`` with ``CSIS_TF_VALIDATED_BY_PLAN=1`` (the role sets it on the apply task only)
+is answered without starting terraform: ``community.general.terraform`` validates the root
+before it applies the plan file, but that configuration was validated by the very
+``terraform plan`` that wrote the plan file, and ``csis_plan_binding`` verified just before
+the apply that no file of the root changed since. A second validate only loads the AWS
+provider's schema again (seconds of CPU per root).
+
+The role runs the apply as an Ansible async task (so the run shows progress while a long
+apply runs). Ansible then daemonises the module, and the ``ansible-playbook`` controller is
+no longer among our ancestors: ``CSIS_TF_WATCH=<pid>:<start time>`` names it (the run lock
+found it, ``csis_run_lock``). Also read from the environment:
+
+* ``CSIS_TF_TIMEOUT`` (seconds, 0 or unset: none): terraform gets ONE SIGINT when it has run
+  that long, then ``CSIS_TF_GRACE`` seconds (300) to save its state and stop, then SIGKILL.
+  The exit status is then non-zero and stderr says why.
+* ``CSIS_TF_LOG``: terraform's output is copied, line by line as it comes, to this file
+  (``tail -f`` it to follow a long apply); stdout and stderr still reach the caller whole.
+
+terraform runs in a process group of its own: Ansible's async timeout kills the module's
+process group with SIGKILL, which must reach the supervisor (terraform then gets its one
+SIGINT from PR_SET_PDEATHSIG), never terraform itself.
 """
 import ctypes
 import ctypes.util
@@ -26,6 +48,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 POLL = 0.5
 PR_SET_PDEATHSIG = 1
@@ -98,15 +122,63 @@ def _pdeathsig():
         pass  # not Linux: the watch loop still stops terraform
 
 
+def _watch_env():
+    """[(pid, start time)] of CSIS_TF_WATCH ("<pid>:<start>"), [] when unset or malformed."""
+    raw = (os.environ.get("CSIS_TF_WATCH") or "").strip()
+    try:
+        pid, start = raw.split(":", 1)
+        return [(int(pid), start)]
+    except ValueError:
+        return []
+
+
+def _number(name, default):
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        value = float(default)
+    return max(0.0, value)
+
+
+def _child_setup():
+    os.setpgid(0, 0)
+    _pdeathsig()
+
+
+def _copy(src, dst, log, lock):
+    """Copy terraform's output to our own stream and, line by line, to the log file."""
+    for line in iter(src.readline, b""):
+        try:
+            dst.write(line)
+            dst.flush()
+        except (OSError, ValueError):
+            pass  # our reader is gone with the run; terraform is being stopped anyway
+        if log is not None:
+            with lock:
+                try:
+                    log.write(line)
+                    log.flush()
+                except (OSError, ValueError):
+                    pass
+    src.close()
+
+
 def main(argv):
     binary = os.environ.get("CSIS_TF_BINARY") or "terraform"
-    chain = watched()
-    state = {"stopping": None}
+    if argv[:1] == ["validate"] and os.environ.get("CSIS_TF_VALIDATED_BY_PLAN") == "1":
+        sys.stdout.write("Success! The configuration is valid (validated by the plan this apply runs; "
+                         "the plan binding was verified unchanged: csis-tf-supervise).\n")
+        return 0
+    chain = watched() + _watch_env()
+    timeout = _number("CSIS_TF_TIMEOUT", 0)
+    grace = _number("CSIS_TF_GRACE", 300)
+    log_path = os.environ.get("CSIS_TF_LOG") or ""
+    state = {"stopping": None, "killed": False}
     proc = None
 
     def stop(why):
         if state["stopping"] is None and proc is not None and proc.poll() is None:
-            state["stopping"] = why
+            state["stopping"] = (why, time.monotonic())
             _note("%s: stopping %s gracefully (SIGINT, pid %d) and waiting for it to save its state"
                   % (why, os.path.basename(binary), proc.pid))
             try:
@@ -119,11 +191,30 @@ def main(argv):
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    log = None
+    if log_path:
+        try:
+            log = open(log_path, "wb")  # pylint: disable=consider-using-with
+            log.write(("--- %s %s (csis-tf-supervise, %s)\n" % (os.path.basename(binary), " ".join(argv[:1]),
+                                                                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+                      .encode("utf-8"))
+            log.flush()
+        except OSError as exc:
+            _note("cannot write the log %s: %s" % (log_path, exc))
+            log = None
+    started = time.monotonic()
     try:
-        proc = subprocess.Popen([binary] + argv, preexec_fn=_pdeathsig)  # pylint: disable=subprocess-popen-preexec-fn
+        proc = subprocess.Popen([binary] + argv, preexec_fn=_child_setup,  # pylint: disable=subprocess-popen-preexec-fn
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         _note("cannot run %s: %s" % (binary, exc))
         return 127
+    lock = threading.Lock()
+    copiers = [threading.Thread(target=_copy, args=(proc.stdout, getattr(sys.stdout, "buffer", sys.stdout), log, lock)),
+               threading.Thread(target=_copy, args=(proc.stderr, getattr(sys.stderr, "buffer", sys.stderr), log, lock))]
+    for thread in copiers:
+        thread.daemon = True
+        thread.start()
     while True:
         try:
             rc = proc.wait(timeout=POLL)
@@ -134,8 +225,24 @@ def main(argv):
             pid = gone(chain)
             if pid is not None:
                 stop("the run that started it is gone (process %d ended)" % pid)
+            elif timeout and time.monotonic() - started >= timeout:
+                stop("it ran longer than %d s (CSIS_TF_TIMEOUT, csis_tf_timeout)" % timeout)
+        elif not state["killed"] and time.monotonic() - state["stopping"][1] >= grace:
+            state["killed"] = True
+            _note("%s did not stop within %d s of the SIGINT (CSIS_TF_GRACE): SIGKILL; its state may not be "
+                  "saved (look for errored.tfstate in the root)" % (os.path.basename(binary), grace))
+            try:
+                proc.kill()
+            except OSError:
+                pass
+    for thread in copiers:
+        thread.join(timeout=5)
     if state["stopping"] is not None:
-        _note("%s exited with %d after the stop" % (os.path.basename(binary), rc))
+        _note("%s exited with %d after the stop (%s)" % (os.path.basename(binary), rc, state["stopping"][0]))
+        if rc == 0:
+            rc = 1  # stopped early: never report a finished run
+    if log is not None:
+        log.close()
     return 128 - rc if rc < 0 else rc
 
 

@@ -126,6 +126,11 @@ def controller(start: Optional[int] = None) -> Dict[str, Any]:
     return {"pid": pick[0], "start": pick[1], "playbooks": playbooks_of(pick[2]) if pick[3] else []}
 
 
+def controller_info() -> Dict[str, Any]:
+    """:func:`controller` as :func:`acquire` returns it."""
+    return _public(controller())
+
+
 def alive(pid: int, start: str) -> bool:
     fields = _stat(pid)
     return fields is not None and fields[19] == start
@@ -205,7 +210,7 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
     where = objects.label(RUN_LOCK_NAME)
     current = holder(objects)
     if _same_run(current, ctl):
-        return {"where": where, "reentered": True, "holder": current, "notices": []}
+        return {"where": where, "reentered": True, "holder": current, "notices": [], "controller": _public(ctl)}
     extra = {"pid": ctl["pid"], "controller_start": ctl["start"], "playbooks": ctl.get("playbooks") or [],
              "csis_run_id": csis_run_id}
     if extra["playbooks"]:
@@ -234,7 +239,12 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
     if not answer.get("ok"):
         raise MetaStateError("%s: the process that holds the run lock did not start" % where)
     return {"where": where, "reentered": False, "holder": answer.get("holder") or {},
-            "notices": answer.get("notices") or []}
+            "notices": answer.get("notices") or [], "controller": _public(ctl)}
+
+
+def _public(ctl: Dict[str, Any]) -> Dict[str, Any]:
+    """The run's process as the roles pass it on (``watch``: ``CSIS_TF_WATCH`` of csis-tf-supervise)."""
+    return {"pid": ctl["pid"], "start": ctl["start"], "watch": "%s:%s" % (ctl["pid"], ctl["start"])}
 
 
 def _close_fds(keep: int) -> None:
