@@ -108,6 +108,43 @@ def test_killed_run_does_not_leave_terraform_applying(tree, moto_endpoint):
         assert volumes_of(ep, vid)
 
 
+def test_an_apply_past_its_timeout_stops_gracefully_and_the_rerun_converges(tree, moto_endpoint):
+    """Issue 16, defect 5: an apply is bounded (csis_apply_timeout) and shows progress while it
+    runs. Past the timeout terraform gets one SIGINT: it finishes the create in flight, saves
+    the state and releases its lock; the root fails naming the timeout, meta-state claims
+    nothing, and the next run converges with exactly one volume (no orphan)."""
+    ep = moto_endpoint
+    storages = os.path.join(tree.root, "storages", "storage0.yaml")
+    doc = e2e.read_yaml(storages)
+    doc["storages"].append({"name": "p2", "mount_point": "/mnt/p2", "groups": ["coops"], "state": "active"})
+    e2e.write_yaml(storages, doc)
+    before = e2e.meta_state_digest(tree.root)
+    named_p2 = _volumes_named(ep, "p2")
+    run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("timeout.log"),
+                           extra_vars={"csis_apply_timeout": 1, "csis_progress_interval": 1})
+    assert run.rc != 0
+    text = " ".join(run.out.split())
+    assert "it ran longer than 1 s (csis_apply_timeout): stopping terraform gracefully (SIGINT" in text, run.tail()
+    assert "ASYNC POLL on csis-storage-aws-ebs" in run.out            # progress while it ran
+    assert "follow it with: tail -f %s/.apply.log" % tree.root_dir in text
+    with open(os.path.join(tree.root_dir, ".apply.log"), encoding="utf-8") as fh:
+        assert "Interrupt received" in fh.read()                       # terraform's own output, as it came
+    assert not e2e.processes(lambda p: e2e.is_terraform_apply(p) and os.path.realpath(p["cwd"]) == tree.root_dir)
+    assert not lock_objects(ep, tree.key), "the stopped apply left its state lock"
+    assert e2e.meta_state_digest(tree.root) == before and "p2" not in records(tree.root)
+
+    rerun = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("after-timeout.log"))
+    assert rerun.rc == 0, rerun.tail()
+    vid = records(tree.root)["p2"]["facts"]["volume_id"]
+    assert volumes_of(ep, vid)
+    assert _volumes_named(ep, "p2") - named_p2 == {vid}, "the interrupted create left an orphan"
+
+
+def _volumes_named(ep, name):
+    vols = ep.client("ec2").describe_volumes(Filters=[{"Name": "tag:Name", "Values": [name]}])["Volumes"]
+    return {v["VolumeId"] for v in vols}
+
+
 def all_volume_ids(ep):
     """The volumes of this test's storage p1 (Name=p1). Not every volume at the endpoint: the
     other test files share it and create volumes of their own at any moment."""

@@ -35,8 +35,9 @@ found it, ``csis_run_lock``). Also read from the environment:
 * ``CSIS_TF_TIMEOUT`` (seconds, 0 or unset: none): terraform gets ONE SIGINT when it has run
   that long, then ``CSIS_TF_GRACE`` seconds (300) to save its state and stop, then SIGKILL.
   The exit status is then non-zero and stderr says why.
-* ``CSIS_TF_LOG``: terraform's output is copied, line by line as it comes, to this file
-  (``tail -f`` it to follow a long apply); stdout and stderr still reach the caller whole.
+* ``CSIS_TF_LOG``: the output of ``apply`` (or ``destroy``) is copied, line by line as it
+  comes, to this file (``tail -f`` it to follow a long apply); stdout and stderr still reach
+  the caller whole.
 
 terraform runs in a process group of its own: Ansible's async timeout kills the module's
 process group with SIGKILL, which must reach the supervisor (terraform then gets its one
@@ -172,7 +173,8 @@ def main(argv):
     chain = watched() + _watch_env()
     timeout = _number("CSIS_TF_TIMEOUT", 0)
     grace = _number("CSIS_TF_GRACE", 300)
-    log_path = os.environ.get("CSIS_TF_LOG") or ""
+    # the apply's output only (the module's version, workspace and output calls around it are not logged)
+    log_path = (os.environ.get("CSIS_TF_LOG") or "") if argv[:1] in (["apply"], ["destroy"]) else ""
     state = {"stopping": None, "killed": False}
     proc = None
 
@@ -226,7 +228,7 @@ def main(argv):
             if pid is not None:
                 stop("the run that started it is gone (process %d ended)" % pid)
             elif timeout and time.monotonic() - started >= timeout:
-                stop("it ran longer than %d s (CSIS_TF_TIMEOUT, csis_tf_timeout)" % timeout)
+                stop("it ran longer than %d s (csis_apply_timeout)" % timeout)
         elif not state["killed"] and time.monotonic() - state["stopping"][1] >= grace:
             state["killed"] = True
             _note("%s did not stop within %d s of the SIGINT (CSIS_TF_GRACE): SIGKILL; its state may not be "
