@@ -197,9 +197,9 @@ def main(argv):
     if log_path:
         try:
             log = open(log_path, "wb")  # pylint: disable=consider-using-with
-            log.write(("--- %s %s (csis-tf-supervise, %s)\n" % (os.path.basename(binary), " ".join(argv[:1]),
-                                                                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
-                      .encode("utf-8"))
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            header = "--- %s %s (csis-tf-supervise, %s)\n" % (os.path.basename(binary), " ".join(argv[:1]), stamp)
+            log.write(header.encode("utf-8"))
             log.flush()
         except OSError as exc:
             _note("cannot write the log %s: %s" % (log_path, exc))

@@ -49,7 +49,8 @@ BUSY = "another csis.infra run is working on this tree (render to record)"
 SUBJECT = "this tree is held"
 KNOB = "csis_run_lock_timeout"
 
-assert RUN_LOCK_NAME != LOCK_NAME and DEFAULT_TTL < DEFAULT_LOCK_TTL
+if RUN_LOCK_NAME == LOCK_NAME or DEFAULT_TTL >= DEFAULT_LOCK_TTL:  # pragma: no cover - a guard on the constants
+    raise ImportError("the run lock must be another object than the transaction lock, and live shorter")
 
 
 class RunLockBusy(MetaStateError):
@@ -314,4 +315,3 @@ def _watch(objects: Any, ctl: Dict[str, Any], timeout: float, what: str, extra: 
             except Exception:  # noqa: BLE001 - the S3 lock then expires by itself
                 pass
         os._exit(0)
-
