@@ -39,6 +39,13 @@ options:
     description: The csis run id, recorded in the lock's description.
     type: str
     default: ''
+  required:
+    description:
+      - With V(false), a store where the lock cannot be taken (an unwritable meta-state directory, an unreachable
+        bucket) is a warning and the run goes on without the lock (a dry run, which plans and records nothing).
+        A tree held by another run still fails.
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
@@ -61,6 +68,10 @@ where:
   sample: meta-state/.run.lock
 reentered:
   description: True when this run already held the tree (a later lifecycle of C(site.yml)).
+  returned: success
+  type: bool
+held:
+  description: Whether this run holds the tree (false only when O(required=false) let it go on without the lock).
   returned: success
   type: bool
 holder:
@@ -87,7 +98,7 @@ def main():
     module = csis_module(
         argument_spec=argument_spec(CONFIG_ROOT_ARGS, timeout=dict(type="float", default=runlock.DEFAULT_TIMEOUT),
                                     what=dict(type="str", default="csis.infra run"),
-                                    run_id=dict(type="str", default="")),
+                                    run_id=dict(type="str", default=""), required=dict(type="bool", default=True)),
         requires=("PyYAML",),
         supports_check_mode=True,
     )
@@ -98,11 +109,17 @@ def main():
             module.exit_json(changed=False, where=objects.label(runlock.RUN_LOCK_NAME), holder=runlock.holder(objects),
                              controller=runlock.controller_info())
         res = runlock.acquire(p["config_root"], timeout=max(0.0, p["timeout"]), what=p["what"], csis_run_id=p["run_id"])
-    except CsisError as exc:
+    except runlock.RunLockBusy as exc:
         fail_from(module, exc)
+    except CsisError as exc:
+        if p["required"]:
+            fail_from(module, exc)
+        module.warn("running without the run lock: %s" % exc)
+        module.exit_json(changed=False, held=False, where=runlock.RUN_LOCK_NAME, holder=None, reentered=False,
+                         controller=runlock.controller_info())
     for notice in res.pop("notices", []):
         module.warn(notice)
-    module.exit_json(changed=False, **res)
+    module.exit_json(changed=False, held=True, **res)
 
 
 if __name__ == "__main__":
