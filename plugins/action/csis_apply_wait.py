@@ -1,0 +1,104 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Action plugin of csis.infra.csis_apply_wait (documentation: plugins/modules/csis_apply_wait.py).
+
+Waits on the controller for an async job that a task started with ``poll: 0`` on a host whose
+connection is local (the csis.infra root hosts): it reads the job's results file every half
+second (no module run per look, unlike ``async_status``, so the wait costs no processes and
+ends at most half a second after the job) and prints a progress line every ``interval``
+seconds with the last line of ``log`` (terraform's output as it comes)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+LOOK = 0.5
+
+
+def _read(path):
+    """The job's results, None while it has written nothing readable yet."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _last_line(path):
+    """The last non-empty line of ``path`` (its tail only), '' when there is none."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("job", "log", "interval", "timeout", "label"))
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp  # unused
+        args = self._task.args
+        job = args.get("job")
+        if not isinstance(job, dict) or not job.get("results_file") or not job.get("ansible_job_id"):
+            raise AnsibleActionFail("job must be the registered result of a task started with async and poll: 0 "
+                                    "(it has ansible_job_id and results_file)")
+        if self._connection.transport not in ("local", "ansible.builtin.local"):
+            raise AnsibleActionFail("csis_apply_wait reads the job's results file on the controller: the host must "
+                                    "use the local connection (connection: %s)" % self._connection.transport)
+        path = job["results_file"]
+        try:
+            interval = max(1.0, float(args.get("interval", 15)))
+            timeout = max(0.0, float(args.get("timeout", 0)))
+        except (TypeError, ValueError) as exc:
+            raise AnsibleActionFail("interval and timeout must be numbers: %s" % exc) from exc
+        log = args.get("log") or ""
+        label = args.get("label") or self._task.get_name()
+        started = time.monotonic()
+        next_line = started + interval
+        first = True
+        while True:
+            data = _read(path)
+            if data is not None and "started" not in data:
+                break  # the module's result (or async_wrapper's failure): the job is done
+            now = time.monotonic()
+            if timeout and now - started > timeout:
+                raise AnsibleActionFail("%s: the job %s did not finish within %d s" % (label, job["ansible_job_id"], timeout))
+            if now >= next_line:
+                last = _last_line(log) if log else ""
+                follow = " (follow it: tail -f %s)" % log if log and first else ""
+                tail = (": " + last) if last else ""
+                display.display("%s still running after %d s%s%s" % (label, now - started, follow, tail))
+                first = False
+                next_line = now + interval
+            time.sleep(LOOK)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        for key in ("started", "finished", "results_file"):
+            data.pop(key, None)
+        data.pop("_ansible_suppress_tmpdir_delete", None)
+        result.update(data)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        return result

@@ -1,0 +1,86 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: csis_apply_wait
+short_description: Wait for an async apply on the controller and show its progress
+version_added: 0.1.0
+author:
+  - csis.infra maintainers (@csis-infra)
+description:
+  - An action plugin. It waits for an async job that a task started with C(async) and no polling (C(poll) set to 0) on a host whose
+    connection is local (the C(csis.infra.tofu_root) root hosts start their apply that way).
+  - It reads the job's results file on the controller every half second, so it ends at most half a second after
+    the job, and it runs no module per look (Ansible's own polling runs C(async_status) each time and ends up to
+    a whole poll interval late).
+  - Every O(interval) seconds it prints a progress line with the last line of O(log) (terraform's output as it
+    comes). It then returns the job's result as the task's own and removes the results file.
+  - The task fails as the job failed. It also fails when O(timeout) passes first. The job then goes on, and terraform's
+    own bound (C(csis_apply_timeout)) stops it.
+extends_documentation_fragment:
+  - csis.infra.attributes
+  - csis.infra.attributes.platform
+options:
+  job:
+    description: The registered result of the task started with C(async) and no polling (C(poll) set to 0).
+    type: dict
+    required: true
+  log:
+    description: A file whose last line is shown with every progress line.
+    type: path
+  interval:
+    description: Seconds between progress lines (at least 1).
+    type: float
+    default: 15
+  timeout:
+    description: Seconds to wait at most (V(0) waits without limit).
+    type: float
+    default: 0
+  label:
+    description: What the progress lines name (the task's name when unset).
+    type: str
+attributes:
+  action:
+    support: full
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+  check_mode:
+    support: full
+    details: Waits for a job that exists; starting no job in check mode leaves nothing to wait for (skip the task then).
+  diff_mode:
+    support: none
+  platform:
+    details: Runs on the controller only (the action plugin reads the job's results file there).
+"""
+
+EXAMPLES = r"""
+- name: Apply exactly that plan file
+  community.general.terraform:
+    project_path: "{{ root_dir }}"
+    state: present
+    plan_file: "{{ root_dir }}/tfplan"
+  async: 14700
+  poll: 0
+  register: apply_job
+
+- name: Wait for the apply, with progress
+  csis.infra.csis_apply_wait:
+    job: "{{ apply_job }}"
+    log: "{{ root_dir }}/.apply.log"
+    interval: 15
+  register: apply
+"""
+
+RETURN = r"""
+seconds:
+  description: How long the wait took.
+  returned: always
+  type: float
+ansible_job_id:
+  description: The job's id.
+  returned: always
+  type: str
+"""
