@@ -19,8 +19,8 @@ description:
   - Re-entrant within one run. The lifecycles of C(site.yml) take it once each and find it their own.
   - A second run waits up to O(timeout) seconds, then fails with one line naming the holder (its
     C(ansible-playbook) pid and host, since when, its playbooks, user, csis run id and AWX job).
-  - The C(csis.infra.render) role runs it first, before anything is read or written, in every lifecycle run (dry
-    runs included); the playbooks that change meta-state by themselves (C(forget.yml), C(state_import.yml),
+  - The C(csis.infra.render) role runs it right after the preflight, before anything is rendered, in every
+    lifecycle run (dry runs included); the playbooks that change meta-state by themselves (C(forget.yml), C(state_import.yml),
     C(upgrade_instance.yml)) run it too.
 extends_documentation_fragment:
   - csis.infra.controller.config_root

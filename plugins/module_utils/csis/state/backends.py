@@ -74,6 +74,10 @@ class NotWritable(MetaStateError):
     """The meta-state directory (or a file in it) cannot be written (:meth:`~.store.MetaState.check_writable`)."""
 
 
+class LockBusy(MetaStateError):
+    """Another holder kept the lock past the timeout (the message names it)."""
+
+
 class Conflict(MetaStateError):
     """An object changed since the transaction read it: the write was refused, nothing overwritten."""
 
@@ -196,7 +200,7 @@ class FileLock:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                         raise MetaStateError("%s: cannot lock: %s" % (label, exc)) from exc
                 if time.monotonic() >= deadline:
-                    raise MetaStateError(
+                    raise LockBusy(
                         "%s: %s by %s; %s. Wait for it, or if that process is "
                         "gone the lock frees itself" % (label, self.subject, self._holder(), self.busy))
                 time.sleep(self.poll)
@@ -352,10 +356,10 @@ class LocalObjects:
     def cache_dir(self) -> str:
         return os.path.join(cache_home(), "local", _digest(self.dir))
 
-    def lock_held(self) -> bool:
-        """Whether a transaction holds the lock now (a shared ``flock`` cannot be had)."""
+    def lock_held(self, name: str = LOCK_NAME) -> bool:
+        """Whether someone holds the lock ``name`` now (a shared ``flock`` cannot be had)."""
         try:
-            fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return False
         try:
@@ -488,7 +492,7 @@ class S3Lock:
                     pass  # someone else broke or renewed it
                 continue
             if time.monotonic() >= deadline:
-                raise MetaStateError(
+                raise LockBusy(
                     "%s: %s by %s (until %s unless renewed); %s. Waited %.0f s (%s)"
                     % (label, self.subject, holder_text(info), info.get("expires", "?"), self.busy, self.timeout,
                        self.knob))

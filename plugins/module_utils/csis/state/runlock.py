@@ -36,7 +36,7 @@ import signal
 import time
 from typing import Any, Dict, List, Optional
 
-from .backends import DEFAULT_LOCK_TTL, LOCK_NAME, FileLock, LocalObjects, MetaStateError, S3Lock, open_objects
+from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, open_objects
 
 RUN_LOCK_NAME = ".run.lock"
 #: seconds a second run waits for the tree (``csis_run_lock_timeout``)
@@ -49,11 +49,8 @@ BUSY = "another csis.infra run is working on this tree (render to record)"
 SUBJECT = "this tree is held"
 KNOB = "csis_run_lock_timeout"
 
-if RUN_LOCK_NAME == LOCK_NAME or DEFAULT_TTL >= DEFAULT_LOCK_TTL:  # pragma: no cover - a guard on the constants
-    raise ImportError("the run lock must be another object than the transaction lock, and live shorter")
 
-
-class RunLockBusy(MetaStateError):
+class RunLockBusy(LockBusy):
     """Another run holds the tree (the message names it)."""
 
 
@@ -158,23 +155,9 @@ def _lock(objects: Any, timeout: float, what: str, extra: Dict[str, Any]) -> Any
 def holder(objects: Any) -> Optional[Dict[str, Any]]:
     """The description of the run that holds the tree now, None when nobody does."""
     if isinstance(objects, LocalObjects):
-        import fcntl  # pylint: disable=import-outside-toplevel
-
-        path = os.path.join(objects.dir, RUN_LOCK_NAME)
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
+        if not objects.lock_held(RUN_LOCK_NAME):
             return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return None  # nobody holds it
-            except OSError:
-                pass
-            raw = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
+        raw = objects.get(RUN_LOCK_NAME)[0] or b""
         try:
             info = json.loads(raw.decode("utf-8") or "{}")
         except (ValueError, UnicodeDecodeError):
@@ -288,9 +271,11 @@ def _watch(objects: Any, ctl: Dict[str, Any], timeout: float, what: str, extra: 
             lock.acquire()
             answer: Dict[str, Any] = {"ok": True, "holder": dict(extra, what=what),
                                       "notices": list(getattr(objects, "notices", []))}
+        except LockBusy as exc:
+            answer = {"busy": str(exc)}
+            lock = None
         except MetaStateError as exc:
-            msg = str(exc)
-            answer = {"busy": msg} if SUBJECT in msg else {"error": msg}
+            answer = {"error": str(exc)}
             lock = None
         except Exception as exc:  # noqa: BLE001 - reported to the caller, never a traceback here
             answer = {"error": "%s: cannot take the run lock: %s" % (objects.label(RUN_LOCK_NAME), exc)}
