@@ -110,9 +110,10 @@ def test_killed_run_does_not_leave_terraform_applying(tree, moto_endpoint):
 
 def test_an_apply_past_its_timeout_stops_gracefully_and_the_rerun_converges(tree, moto_endpoint):
     """Issue 16, defect 5: an apply is bounded (csis_apply_timeout) and shows progress while it
-    runs. Past the timeout terraform gets one SIGINT: it finishes the create in flight, saves
-    the state and releases its lock; the root fails naming the timeout, meta-state claims
-    nothing, and the next run converges with exactly one volume (no orphan)."""
+    runs. Past the timeout (1 s here: terraform is stopped before or while it creates) it gets
+    one SIGINT and stops gracefully, saving the state and releasing its lock; the root fails
+    naming the timeout, meta-state claims nothing, and the next run converges with exactly one
+    new volume (nothing the stopped apply may have created is orphaned)."""
     ep = moto_endpoint
     storages = os.path.join(tree.root, "storages", "storage0.yaml")
     doc = e2e.read_yaml(storages)

@@ -232,12 +232,12 @@ def _proc_table() -> Dict[int, Dict[str, Any]]:
     return table
 
 
-def tree_processes(root_pid: int) -> List[Dict[str, Any]]:
+def tree_processes(root_pid: int, table: Optional[Dict[int, Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """The live processes descending from ``root_pid`` (itself included).
 
     A whole tree, not a process group: ansible's local connection starts each module in
     a new session, so terraform does not share ansible-playbook's process group."""
-    table = _proc_table()
+    table = _proc_table() if table is None else table
     keep = {root_pid} if root_pid in table else set()
     grew = True
     while grew:
@@ -254,10 +254,10 @@ def run_processes(root_pid: int, dirs: Sequence[str] = ()) -> List[Dict[str, Any
     The async apply is daemonised by Ansible: async_wrapper, the module, csis-tf-supervise and
     terraform are no descendants of ansible-playbook; terraform and its supervisor work in the
     root, and the module above them starts the next supervisor (``output -json``) if it lives."""
-    procs = tree_processes(root_pid)
+    table = _proc_table()
+    procs = tree_processes(root_pid, table)
     if not dirs:
         return procs
-    table = _proc_table()
     real = {os.path.realpath(d) for d in dirs}
     mine = set()
     pid = os.getpid()
@@ -277,7 +277,7 @@ def run_processes(root_pid: int, dirs: Sequence[str] = ()) -> List[Dict[str, Any
         tops.add(top)
     seen = {p["pid"] for p in procs}
     for top in sorted(tops):
-        procs += [p for p in tree_processes(top) if p["pid"] not in seen and p["pid"] not in mine]
+        procs += [p for p in tree_processes(top, table) if p["pid"] not in seen and p["pid"] not in mine]
         seen = {p["pid"] for p in procs}
     return procs
 
