@@ -28,8 +28,48 @@ AWS_OPTION = r"""
         description: Address S3 buckets by path instead of by virtual host.
         type: bool
       session_mechanism:
-        description: How the runtime reaches its machines (for example C(ssm)).
+        description: How the runtime reaches its machines (C(ssm), C(ssh) or C(none)).
         type: str
+      ssh:
+        description:
+          - The runtime's C(ssh) settings (C(cfg/runtime-builders.yml)), present with O(aws.session_mechanism=ssh).
+          - The key file is named, never read into logs or receipts; relative paths are relative to the configuration root.
+        type: dict
+        suboptions:
+          user:
+            description: The login user (C(sudo -n) runs the command unless it is C(root)).
+            type: str
+            required: true
+          private_key_file:
+            description: The private key file (C(ssh -i), with C(IdentitiesOnly=yes)).
+            type: str
+            required: true
+          port:
+            description: The SSH port.
+            type: int
+            default: 22
+          address:
+            description: Which address recorded in C(meta-state/instance-state.yaml) to connect to.
+            type: str
+            choices: [private_ip, public_ip]
+            default: private_ip
+          known_hosts_file:
+            description: The known_hosts file holding the machines' host keys (default OpenSSH's own).
+            type: str
+          host_key_checking:
+            description:
+              - C(strict) (C(StrictHostKeyChecking=yes)) refuses a host whose key is not known.
+              - C(accept-new) records the key of a host seen for the first time; a changed key is still refused.
+            type: str
+            choices: [strict, accept-new]
+            default: strict
+          connect_timeout:
+            description: Seconds to wait for the connection (C(ConnectTimeout)).
+            type: int
+            default: 10
+          config_file:
+            description: An OpenSSH client configuration to read (C(ssh -F)); default none is read.
+            type: str
 """
 
 BOTO3_REQUIREMENT = r"""

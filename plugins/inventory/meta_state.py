@@ -108,7 +108,7 @@ notes:
     C(group), C(runtime), C(builder), C(region), C(mounts), C(hostname), C(alias),
     C(ephemeral), C(tags), C(launched), C(launched_run).
     C(instance-state.yaml) C(instances.<name>.current) has C(number), C(kind),
-    C(instance_id), C(private_ip), C(ami_id), C(availability_zone), C(opened_run),
+    C(instance_id), C(private_ip), C(public_ip) (null without one), C(ami_id), C(availability_zone), C(opened_run),
     C(opened_at).
   - A launched instance without a recorded generation is listed with a null
     C(csis_instance_id) and C(csis_private_ip).

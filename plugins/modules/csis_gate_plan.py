@@ -21,6 +21,9 @@ description:
     Each destroy that no O(allow_destroy) entry covers is refused with
     C(DESTROY NOT WHITELISTED: <address>); all of them are listed.
   - >-
+    Each taggable resource the plan creates, updates or replaces that lacks one of the O(required_tags)
+    is refused with C(MISSING REQUIRED TAGS: <address> lacks <key>, <key>); all of them are listed.
+  - >-
     Each O(require_unmounted) pair without a successful unmount receipt is refused with
     C(DETACH NOT UNMOUNTED: <instance>:<storage> has no successful unmount receipt).
   - >-
@@ -49,7 +52,7 @@ options:
   plan_json:
     description:
       - An already-rendered C(show -json) output, for offline use and tests. No binding is
-        read or written; only the destroy and receipt checks run.
+        read or written; only the plan checks (destroys, creates, tags) and the receipt checks run.
     type: path
   binary_path:
     description: The terraform or OpenTofu executable.
@@ -73,6 +76,19 @@ options:
         A plan that creates one (not a replacement, which is a destroy) is refused with
         C(RECORDED STORAGE WOULD BE CREATED: <address>: ...). An entry covers itself and its
         indexed instances (V(<address>[0])).
+    type: list
+    elements: str
+    default: []
+  required_tags:
+    description:
+      - >-
+        Tag keys every taggable resource being created or updated (replacements included) must carry:
+        the tree's C(config.required_tags), which M(csis.infra.csis_render) returns in each root's C(required_tags).
+      - >-
+        A resource is taggable when its planned values (C(after)) have a C(tags_all) or C(tags) attribute.
+        A key counts when it is in C(tags_all) (where the provider's C(default_tags) land) or C(tags); a key
+        whose value is known only after the apply counts, a tag map known only after the apply names no key.
+      - Empty (the default) checks no tag.
     type: list
     elements: str
     default: []
@@ -129,6 +145,7 @@ EXAMPLES = r'''
       - module.instance_web.aws_volume_attachment.this
     require_unmounted:
       - web:data
+    required_tags: [BillingCode, Owner]
 '''
 
 RETURN = r'''
@@ -216,6 +233,7 @@ def main():
             allow_destroy=dict(type='list', elements='str', default=[]),
             require_unmounted=dict(type='list', elements='str', default=[]),
             refuse_create=dict(type='list', elements='str', default=[]),
+            required_tags=dict(type='list', elements='str', default=[]),
             receipts_dir=dict(type='path'),
             receipts_since_binding=dict(type='bool', default=True),
         ),
@@ -230,7 +248,7 @@ def main():
             p['project_path'], p['plan_file'], plan_json=p['plan_json'], binary_path=p['binary_path'],
             allow_destroy=p['allow_destroy'], require_unmounted=p['require_unmounted'],
             receipts_dir=p['receipts_dir'], receipts_since_binding=p['receipts_since_binding'],
-            refuse_create=p['refuse_create'], check_mode=module.check_mode,
+            refuse_create=p['refuse_create'], required_tags=p['required_tags'], check_mode=module.check_mode,
         )
     except GateRefused as exc:
         found = dict(exc.result, changed=False, violations=exc.messages)

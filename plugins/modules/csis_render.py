@@ -134,6 +134,11 @@ roots:
       description: The destroy whitelist for the gate.
       type: list
       elements: str
+    required_tags:
+      description:
+        - The tree's C(config.required_tags), for the gate's O(csis.infra.csis_gate_plan#module:required_tags).
+      type: list
+      elements: str
     replace:
       description: Addresses to plan with C(-replace).
       type: list
@@ -223,6 +228,11 @@ modules:
       which the roots call when C(module_source_base) is not set; null when it is set.
   returned: success
   type: dict
+approvals:
+  description: The tree's C(approvals:) settings (C(cfg/_config.yml)), with their defaults.
+  returned: success
+  type: dict
+  sample: {"distinct_approver": false}
 undeclared:
   description: The instances treated as undeclared in this run (O(undeclare)).
   returned: success
@@ -278,7 +288,8 @@ def main():
     for w in out["warnings"]:
         module.warn(w)
     result = dict(changed=out["changed"], roots=out["roots"], tf_env=out["tf_env"], warnings_list=out["warnings"],
-                  config_root=out["config_root"], undeclared=out["undeclared"], modules=out["modules"])
+                  config_root=out["config_root"], undeclared=out["undeclared"], modules=out["modules"],
+                  approvals=out["approvals"])
     if module._diff:
         result["diff"] = [{"prepared": unified(d)} for d in out["diff"]]
     module.exit_json(**result)

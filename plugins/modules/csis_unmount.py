@@ -11,20 +11,34 @@ short_description: Unmount a detached storage from a launched instance and write
 version_added: 0.1.0
 description:
   - Runs the unmount of O(mount_point) on the machine over the runtime's session mechanism
-    (SSM C(AWS-RunShellScript) through boto3, with the runtime's region, profile and endpoint),
-    addressing the machine by the instance id recorded in C(meta-state/instance-state.yaml),
-    never by a C(Name) tag.
+    (O(aws.session_mechanism)), addressing the machine by what C(meta-state/instance-state.yaml)
+    records of it, never by a C(Name) tag.
+  - C(ssm) runs SSM C(AWS-RunShellScript) through boto3 on the recorded instance id, with the
+    runtime's region, profile and endpoint.
+  - >-
+    C(ssh) runs the system OpenSSH client (C(ssh)) to the recorded C(private_ip) or C(public_ip)
+    (O(aws.ssh.address)) as O(aws.ssh.user) with O(aws.ssh.private_key_file) (C(IdentitiesOnly=yes)),
+    in batch mode, checking the host key against O(aws.ssh.known_hosts_file) (C(StrictHostKeyChecking=yes),
+    or C(accept-new) when O(aws.ssh.host_key_checking) says so), with C(ConnectTimeout) O(aws.ssh.connect_timeout);
+    the script goes on its standard input to C(sudo -n sh -s) (C(sh -s) when the user is C(root)).
+    The whole session is bounded by O(timeout): then ssh is killed and the unmount fails.
+  - C(none) is refused; unmount by hand and record it with O(confirm).
   - The unmount is not forceful unless O(force) is set; a busy mount fails with the processes
     holding it, and nothing is planned.
   - >-
     Writes C(<receipts_dir>/<instance>__<storage>.json) atomically with C(instance), C(storage),
-    C(ok), C(time), C(mount_point), C(method), C(runtime), C(exit_status), C(output).
+    C(ok), C(time), C(mount_point), C(method), C(runtime), C(exit_status), C(output) (its last
+    2000 characters), and C(session) (C(ssm) with C(instance_id) and C(command_id); C(ssh) with
+    C(host), C(user), C(port) and the recorded C(instance_id); never the key).
+    A failed unmount writes C(ok=false) and fails.
     M(csis.infra.csis_gate_plan) admits the attachment's destroy only with C(ok=true) and a
     C(time) after the plan binding was opened.
   - With O(confirm) the operator's word is recorded (C(method=operator-confirmation)) without
     any remote call, for a machine that is gone or a storage that was never mounted.
 extends_documentation_fragment:
   - csis.infra.controller.instance
+requirements:
+  - the OpenSSH client (C(ssh)) on the controller, for O(aws.session_mechanism=ssh)
 options:
   storage:
     description: The storage name.
@@ -53,7 +67,7 @@ options:
     type: bool
     default: false
   timeout:
-    description: Seconds the session command may run.
+    description: Seconds the session command may run (over SSH, the whole C(ssh) process).
     type: int
     default: 300
   run_id:
@@ -65,6 +79,10 @@ attributes:
 notes:
   - The local AWS endpoint (moto) answers C(send_command) with C(Success) without running
     anything; tests prove the receipt path with it and with O(confirm).
+  - The SSH path is tested with the real OpenSSH client against an SSH server on 127.0.0.1
+    that records what it receives and runs nothing.
+  - The SSH settings are the runtime's C(ssh) block in C(cfg/runtime-builders.yml); relative
+    paths in them are relative to O(config_root).
 """
 
 EXAMPLES = r"""

@@ -16,6 +16,10 @@ description:
     against C(meta-state/storage-state.yaml), capability types, policies, availability
     zones, remote-state needs, executables and their versions).
   - Reports every problem at once, each naming the file and the key path.
+  - >-
+    Shows, for every runtime that belongs to an environment of C(cfg/hierarchy.yml), each effective
+    dependency tag and dependency config with the node or file it came from (RV(inheritance),
+    RV(inheritance_lines)). Refuses a storage or instance whose effective tags lack one of C(config.required_tags).
   - Makes no network call and writes nothing.
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
@@ -46,8 +50,39 @@ summary:
   returned: success
   type: dict
   sample: {instances: 2, storages: 3, runtimes: 1}
+inheritance:
+  description:
+    - >-
+      Per runtime (all of them; a runtime of no environment has an empty chain): its C(environment), its
+      C(chain) of C(cfg/hierarchy.yml) nodes (farthest first), and its effective C(tags) and C(configs)
+      (C(region), C(account_id), C(default_machine_type)).
+    - >-
+      Each effective value is C({value, from, file}): C(from) is the node (C(account 'x'), C(environment 'y')),
+      C(runtime), C(overlay) or C(default); C(overrides) lists what nearer layers replaced, nearest first.
+  returned: success
+  type: dict
+  sample:
+    aws-east2-runtime:
+      environment: example-us-east-2
+      chain: [example-account, example-us-east-2]
+      tags:
+        BillingCode: {value: CSIS-0001, from: "account 'example-account'", file: cfg/hierarchy.yml}
+        Owner:
+          value: coastal-ops
+          from: "environment 'example-us-east-2'"
+          file: cfg/hierarchy.yml
+          overrides: [{value: platform-team, from: "account 'example-account'", file: cfg/hierarchy.yml}]
+      configs:
+        region: {value: us-east-2, from: "environment 'example-us-east-2'", file: cfg/hierarchy.yml}
+inheritance_lines:
+  description: The same, one line per effective tag and config of each runtime that belongs to an environment.
+  returned: success
+  type: list
+  elements: str
+  sample: ["runtime 'aws-east2-runtime': tag BillingCode = 'CSIS-0001' from account 'example-account' (cfg/hierarchy.yml)"]
 """
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.hierarchy import effective, effective_lines
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from, problems_message
@@ -67,7 +102,9 @@ def main():
     module.exit_json(changed=False, problems=[], summary=dict(
         instances=len(tree.instances), storages=len(tree.storages), runtimes=len(tree.runtimes),
         instance_builders=len(tree.instance_builders), storage_builders=len(tree.storage_builders),
-        groups=len(tree.groups), images=len(tree.images)))
+        groups=len(tree.groups), images=len(tree.images), hierarchy_nodes=len(tree.hierarchy)),
+        inheritance={name: effective(tree, rt) for name, rt in sorted(tree.runtimes.items())},
+        inheritance_lines=effective_lines(tree))
 
 
 if __name__ == "__main__":

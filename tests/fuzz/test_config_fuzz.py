@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -264,7 +265,12 @@ def _apply_mutations(root: str, draw: Any) -> None:
                 for sub in ("cfg", "storages", "instances"):
                     if rel.startswith(sub + "/"):
                         for name in os.listdir(os.path.join(root, sub)):
-                            os.remove(os.path.join(root, sub, name))
+                            gone = os.path.join(root, sub, name)
+                            # an earlier "directory" op may have made a file a directory
+                            if os.path.isdir(gone) and not os.path.islink(gone):
+                                shutil.rmtree(gone)
+                            else:
+                                os.remove(gone)
 
 
 @settings(max_examples=300 * SCALE)

@@ -17,8 +17,10 @@ requirements into. The jobs run the project's ``playbooks/storage.yml`` with
 
 plan job (``csis_phase=plan``) -> approval node -> apply job (``csis_phase=apply``) with
 the plan job's ``set_stats`` artifact ``csis_approved_plans`` as extra vars (what an AWX
-workflow passes from one node to the next). An apply job whose plan differs from the
-approved one (same addresses, other values) refuses. See docs/awx.md.
+workflow passes from one node to the next). The plan job shows every change and receipts
+its plan in the meta-state store; an apply job whose plan differs from the approved one
+(same addresses, other values), that finds no receipt, or (``approvals.distinct_approver``)
+that the requester launched, refuses; the applying one records who approved. See docs/awx.md.
 """
 from __future__ import annotations
 
@@ -63,6 +65,9 @@ def _project_repository(parent, key):
     """The configuration tree's repository: the EBS tree at its root plus docs/awx-project/."""
     repo = e2e.make_ebs_tree(parent, key, name="tree-repo")
     shutil.copytree(PROJECT_TEMPLATE, repo, dirs_exist_ok=True)
+    # the two-person rule: the apply job's launcher must not be the plan job's requester
+    with open(os.path.join(repo, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
+        fh.write("approvals:\n  distinct_approver: true\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "the configuration tree")
@@ -129,14 +134,28 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     assert os.path.isfile(os.path.join(root, "collections", "requirements.yml"))
     base = {"csis_config_root": ".", "csis_dry_run": False, "csis_overlays": [ep.overlay_path, e2e.APPLY_ALL]}
 
-    # 1. the plan job: plans and gates, publishes the approved digests, applies nothing
-    r, out, artifact = _job(pdd, "plan", dict(base, csis_phase="plan"))
+    # AWX's own extra vars: who launched the job, the job and its workflow
+    alice = {"awx_user_name": "alice", "awx_job_id": 41, "awx_workflow_job_id": 40}
+    bob = {"awx_user_name": "bob", "awx_job_id": 44, "awx_workflow_job_id": 40}
+
+    # 1. the plan job: plans and gates, shows and publishes every change and the approved
+    #    digests, receipts the plan in the meta-state store, applies nothing
+    r, out, artifact = _job(pdd, "plan", dict(base, csis_phase="plan", **alice))
     assert r.status == "successful", out[-4000:]
     approved = artifact.get("csis_approved_plans")
     assert isinstance(approved, dict) and set(approved) == {ROOT_KEY}, artifact
     assert len(approved[ROOT_KEY]) == 64
     assert _ran(out, "Apply exactly that plan file") == ["skipping"]
     assert not _storages(root)
+    # what the approver reads: the address, its action, the values it sets
+    changes = artifact["csis_plan_changes"][ROOT_KEY]
+    volume = [c for c in changes if c["address"].endswith("aws_ebs_volume.this")]
+    assert len(volume) == 1 and volume[0]["action"] == "create", changes
+    assert {"name": "size", "before": "", "after": "100"} in volume[0]["attributes"]
+    assert "+ %s: create" % volume[0]["address"] in out and "size = 100" in out, out[-4000:]
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
+    receipt = approvals.receipts_of(root, ROOT_KEY)[approved[ROOT_KEY]]
+    assert (receipt["requested_by"], receipt["plan_job"], receipt["workflow"]) == ("alice", "41", "40")
     # csis.infra ran from the installed artifact: its modules vendored into the tree, nothing of the checkout
     assert os.path.isdir(os.path.join(root, "generated", ".modules", artifact_support.version()))
     assert e2e.REPO not in out, out[-4000:]
@@ -149,7 +168,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     original = open(builders, "rb").read()
     e2e.set_storage_builder_size(root, "aws-ebs", 120)
     try:
-        r, out, _pdd = _job(pdd, "apply-moved", dict(base, csis_phase="apply", csis_approved_plans=approved))
+        r, out, _pdd = _job(pdd, "apply-moved", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
     finally:
         open(builders, "wb").write(original)
     assert r.status == "failed", out[-4000:]
@@ -159,10 +178,32 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     assert not ep.client("ec2").describe_volumes(
         Filters=[{"Name": "tag:csis_config", "Values": ["csis-example"]}, {"Name": "size", "Values": ["120"]}])["Volumes"]
 
-    # 3. the apply job with the approved digests, on the approved configuration: applies
-    r, out, _pdd = _job(pdd, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved))
+    # 3. the digest alone approves nothing: without the plan job's receipt in the store
+    #    (a digest computed elsewhere, passed as an extra var) the apply job refuses
+    record = os.path.join(root, "meta-state", "plan-receipts", ROOT_KEY + ".yaml")
+    os.rename(record, record + ".aside")
+    try:
+        r, out, _pdd = _job(pdd, "apply-unreceipted", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
+    finally:
+        os.rename(record + ".aside", record)
+    assert r.status == "failed", out[-4000:]
+    assert "%s: no plan job receipted this plan" % ROOT_KEY in out, out[-4000:]
+    assert not _storages(root)
+
+    # 4. approvals.distinct_approver: the requester cannot apply her own plan
+    r, out, _pdd = _job(pdd, "apply-self", dict(base, csis_phase="apply", csis_approved_plans=approved, **alice))
+    assert r.status == "failed", out[-4000:]
+    assert "the apply job's launcher (alice) must differ from the plan job's requester (alice)" in out, out[-4000:]
+    assert not _storages(root)
+
+    # 5. the apply job with the approved digests, on the approved configuration, launched by
+    #    someone else: applies, and the receipt records who approved it in which workflow
+    r, out, _pdd = _job(pdd, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
     assert r.status == "successful", out[-4000:]
     assert _ran(out, "Apply exactly that plan file") == ["changed"]
+    receipt = approvals.receipts_of(root, ROOT_KEY)[approved[ROOT_KEY]]
+    assert [(a["approved_by"], a["method"], a["apply_job"], a["workflow"]) for a in receipt["approvals"]] == [
+        ("bob", "awx", "44", "40")]
     recs = _storages(root)
     vid = recs["mnt_data"]["facts"]["volume_id"]
     assert recs["mnt_data"]["state"] == "active"

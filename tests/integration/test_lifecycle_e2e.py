@@ -149,6 +149,16 @@ def test_site_applies_the_example_tree(site, moto_endpoint):
     assert storage_state["default-bucket"]["state"] == "active"
     assert storage_state["mnt_data"]["facts"]["size"] == 100
     assert set(e2e.meta(root, "pins.yaml")["instances"]) == {"test", "test2"}
+    # every applied root's plan was receipted and its approval recorded: the OS user, auto-approve
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
+    for key in plans:
+        receipts = approvals.receipts_of(root, key)
+        assert len(receipts) == 1, (key, receipts)
+        receipt = list(receipts.values())[0]
+        assert receipt["requested_by"] == approvals.os_user() and receipt["summary"].startswith("Plan: "), receipt
+        assert [(a["approved_by"], a["method"]) for a in receipt["approvals"]] == [(approvals.os_user(), "auto-approve")]
+    # the approver saw every address: the volume's creation and its size
+    assert re.search(r"\+ module\.\S+\.aws_ebs_volume\.this: create", site.run.out), site.run.tail()
 
 
 RENDER_CHECK = textwrap.dedent("""\

@@ -95,7 +95,8 @@ def set_storage_builder_size(config_root: str, builder: str, size: int) -> None:
 def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[str, str]:
     """{relative path: sha256} of every meta-state record file, in every subdirectory (lock files
     excluded: they hold no record, only the last lock holder's description; the audit trail
-    excluded: it is history, which a refused run extends)."""
+    and the plan receipts excluded: they are history (who asked for and who approved which
+    plan), which a refused or failed run extends, not records of what exists)."""
     out: Dict[str, str] = {}
     dirs = ["meta-state"] + (["state"] if with_state_dir else [])
     for d in dirs:
@@ -106,7 +107,7 @@ def meta_state_digest(config_root: str, with_state_dir: bool = False) -> Dict[st
             if dirpath == base and d == "meta-state":
                 # the audit trail (audit/, revision.yaml) is append-only history, not records:
                 # a refused or failed run adds its event there and changes no record
-                dirs[:] = [x for x in dirs if x != "audit"]
+                dirs[:] = [x for x in dirs if x not in ("audit", "plan-receipts")]
                 files = [f for f in files if f != "revision.yaml"]
             for f in files:
                 if f.startswith(".") and f.endswith("lock"):
@@ -344,8 +345,9 @@ def recap(out: str) -> Dict[str, Dict[str, int]]:
 
 
 def plan_summaries(out: str) -> Dict[str, str]:
-    """{root key: 'Plan: ...'} from the role's 'Plan summary' messages."""
-    return {m.group(1): m.group(2) for m in re.finditer(r"msg: '?([\w.-]+): (Plan: [^'\n]*)", out)}
+    """{root key: 'Plan: ...'} from the role's 'Plan summary' messages (the first line of the
+    message, the change lines follow it)."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"(?:msg: |^\s*- )'?([\w.-]+): (Plan: [^'\n]*)", out, re.M)}
 
 
 def changed_tasks(out: str) -> List[str]:

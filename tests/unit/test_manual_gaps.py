@@ -82,12 +82,18 @@ def test_runtime_tags_are_the_providers_default_tags_in_every_root(tree):
     for lc in ("storage", "instance-image"):
         for r in plan_roots(t, meta, lc, RenderOptions()):
             main = flat([v for k, v in r.files.items() if k.endswith("generation.tf")][0])
-            assert 'default_tags { tags = { Team = "infra" cost-center = "cc-42" } }' in main, (r.builder, main)
+            # the runtime's own tags join those its environment inherits (cfg/hierarchy.yml)
+            assert ('default_tags { tags = { BillingCode = "CSIS-0001" Owner = "coastal-ops" Stage = "development" '
+                    'Team = "infra" cost-center = "cc-42" } }') in main, (r.builder, main)
             seen += 1
     assert seen == 4  # aws-ebs, aws-efs, aws-s3, open-tofu
 
 
 def test_no_runtime_tags_no_default_tags(tree):
+    # a runtime of no environment (so no inherited tags), with its own region, and no tag policy
+    edit(tree, "cfg/runtime-builders.yml", lambda d: (d["runtime_builders"][0].pop("environment"),
+                                                      d["runtime_builders"][0].update(region="us-east-2")))
+    edit(tree, "cfg/_config.yml", lambda d: d["config"].pop("required_tags"))
     t, meta = validated(tree)
     for r in plan_roots(t, meta, "storage", RenderOptions()):
         assert "default_tags" not in "".join(r.files.values())

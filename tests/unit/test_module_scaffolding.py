@@ -61,7 +61,7 @@ def test_common_specs_are_copied():
     assert set(spec) == {"config_root", "overlays", "aws", "x"}
     spec["overlays"]["default"].append("changed")
     assert scaffold.CONFIG_ARGS["overlays"]["default"] == []
-    assert set(spec["aws"]["options"]) == {"region", "profile", "endpoints", "s3_use_path_style", "session_mechanism"}
+    assert set(spec["aws"]["options"]) == {"region", "profile", "endpoints", "s3_use_path_style", "session_mechanism", "ssh"}
 
 
 def test_every_library_the_modules_may_require_is_known():

@@ -133,11 +133,14 @@ def endpoint_urls(endpoints: Any, services: Sequence[str]) -> Dict[str, str]:
 
 def runtime_access(runtime: Any, session_mechanism: bool = False) -> Dict[str, Any]:
     """How boto3 reaches a runtime builder (no secrets); with the session mechanism
-    (what a rendered root's ``aws`` entry carries) when asked."""
+    (what a rendered root's ``aws`` entry carries) when asked, and with ``session_mechanism:
+    ssh`` the runtime's ``ssh`` settings (the key file's path as written, never its content)."""
     out = {"region": runtime.region, "profile": runtime.credentials.profile_name,
            "endpoints": endpoint_urls(runtime.endpoints, PROVIDER_SERVICES), "s3_use_path_style": runtime.s3_use_path_style}
     if session_mechanism:
         out["session_mechanism"] = runtime.session_mechanism
+        if runtime.session_mechanism == "ssh" and getattr(runtime, "ssh", None) is not None:
+            out["ssh"] = runtime.ssh.model_dump()
     return out
 
 

@@ -56,6 +56,16 @@ AWS_ACCESS_ARGS: Dict[str, Any] = dict(
         endpoints=dict(type="dict"),
         s3_use_path_style=dict(type="bool"),
         session_mechanism=dict(type="str"),
+        ssh=dict(type="dict", options=dict(
+            user=dict(type="str", required=True),
+            private_key_file=dict(type="str", required=True, no_log=False),
+            port=dict(type="int", default=22),
+            address=dict(type="str", default="private_ip", choices=["private_ip", "public_ip"]),
+            known_hosts_file=dict(type="str"),
+            host_key_checking=dict(type="str", default="strict", choices=["strict", "accept-new"]),
+            connect_timeout=dict(type="int", default=10),
+            config_file=dict(type="str"),
+        )),
     )),
 )
 

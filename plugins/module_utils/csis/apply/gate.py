@@ -5,7 +5,8 @@
 
 The gate reads a saved plan as JSON (``terraform show -json <plan>``), refuses every
 destroy (including both kinds of replacement) that no whitelist entry covers
-(:mod:`.plan_verdict`, :mod:`.whitelist`), refuses detaches without a successful unmount
+(:mod:`.plan_verdict`, :mod:`.whitelist`), refuses a created or updated resource without
+the tree's required tags (:func:`.plan_verdict.missing_tags`), refuses detaches without a successful unmount
 receipt (:mod:`.receipts`), and refuses stale or missing plans (:mod:`.binding`).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..errors import GateError, GateRefused
 from ..terraform import show_json
 from .binding import (binding_mismatch, binding_path, clear_gate, missing_plan_message, plan_path_of, planned_empty,
                       read_binding, record_gate, root_files, sha256_file, stale_root_message)
-from .plan_verdict import evaluate_plan, plan_content_digest, plan_diff
+from .plan_verdict import PlanVerdict, change_lines, evaluate_plan, plan_content_digest, plan_diff
 from .receipts import RECEIPTS_DIR, check_receipts
 
 
@@ -26,11 +27,19 @@ from .receipts import RECEIPTS_DIR, check_receipts
 EMPTY_PLAN: Dict[str, Any] = {"format_version": "1.2", "resource_changes": [], "errored": False}
 
 
+def approver_view(verdict: PlanVerdict) -> Dict[str, Any]:
+    """What the approver reads: ``change_lines`` (printed) and ``resource_changes`` (every
+    touched address, its action and its changed attributes, sensitive values masked)."""
+    return {"change_lines": change_lines(verdict),
+            "resource_changes": [{"address": d["address"], "action": d["kind"], "actions": d["actions"],
+                                  "attributes": d.get("attributes") or []} for d in verdict.details]}
+
+
 def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None, *,
              plan_json: Optional[str] = None, binary_path: str = "terraform",
              allow_destroy: Iterable[str] = (), require_unmounted: Iterable[str] = (),
              receipts_dir: Optional[str] = None, receipts_since_binding: bool = True,
-             refuse_create: Iterable[str] = (),
+             refuse_create: Iterable[str] = (), required_tags: Iterable[str] = (),
              check_mode: bool = False, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Evaluate a plan; return the verdict or raise :class:`GateRefused` / :class:`GateError`.
 
@@ -41,6 +50,8 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     destroy and receipt checks run and no binding is involved.
     ``refuse_create``: addresses that must not be created (the resources of the storages
     meta-state records as existing, :func:`.plan_verdict.evaluate_plan`).
+    ``required_tags``: tag keys every taggable resource the plan creates or updates must carry
+    (the tree's ``config.required_tags``, :func:`.plan_verdict.missing_tags`).
     """
     allow = list(allow_destroy or ())
     required = list(require_unmounted or ())
@@ -57,10 +68,11 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
                 plan = json.load(fh)
         except (OSError, ValueError) as exc:
             raise GateError("cannot read plan JSON %s: %s" % (plan_json, exc))
-        verdict = evaluate_plan(plan, allow, refuse_create)
+        verdict = evaluate_plan(plan, allow, refuse_create, required_tags)
         result.update(verdict.as_result())
         result["diff"] = plan_diff(verdict)
         result["plan_digest"] = plan_content_digest(plan)
+        result.update(approver_view(verdict))
         problems += verdict.violations
         if problems:
             result["violations"] = problems
@@ -101,16 +113,18 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     sha_after = sha256_file(plan_path)
     if sha_before != sha_after:
         refuse(problems + ["STALE PLANFILE: %s changed while the gate read it" % plan_file])
-    verdict = evaluate_plan(plan, allow, refuse_create)
+    verdict = evaluate_plan(plan, allow, refuse_create, required_tags)
     result.update(verdict.as_result())
     result["diff"] = plan_diff(verdict)
     result["plan_sha256"] = sha_after
     result["plan_digest"] = plan_content_digest(plan)
+    result.update(approver_view(verdict))
     problems += verdict.violations
     if problems:
         refuse(problems)
     if not check_mode:
         record_gate(plan_path, binding, {"plan_sha256": sha_after, "allow_destroy": allow,
                                          "refuse_create": list(refuse_create or ()),
+                                         "required_tags": list(required_tags or ()),
                                          "require_unmounted": required, "verdict": verdict.as_result()})
     return result

@@ -13,9 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ..errors import GateError
+from ..state.store import find_secrets
 from .whitelist import Whitelist, parse_address
 
 KNOWN_ACTIONS = {"no-op", "create", "read", "update", "delete", "forget"}
+
+#: what the approver reads instead of a value terraform marks sensitive (or that looks like a secret)
+MASKED = "(sensitive value)"
+#: an attribute whose new value terraform will only know after the apply
+UNKNOWN = "(known after apply)"
+#: a shown value is cut at this many characters
+VALUE_WIDTH = 160
+#: the approver's listing shows at most this many lines per root (the artifact has every change)
+CHANGE_LINES_MAX = 400
+_SIGNS = {"create": "+", "update": "~", "delete": "-", "replace": "-/+", "forget": "."}
+_WORDS = {"create": "create", "update": "update in place", "delete": "destroy", "forget": "forget (removed from state, left in place)"}
 
 
 @dataclass
@@ -90,17 +102,46 @@ def recorded_create_message(shown: str) -> str:
             "(docs/drift.md)" % shown)
 
 
+#: the attributes that make a planned resource taggable (``tags_all``: with the provider's default tags)
+TAG_ATTRIBUTES = ("tags_all", "tags")
+
+
+def missing_tags_message(shown: str, lacking: Iterable[str]) -> str:
+    return "MISSING REQUIRED TAGS: %s lacks %s" % (shown, ", ".join(lacking))
+
+
+def missing_tags(change: Mapping[str, Any], required: Iterable[str]) -> List[str]:
+    """The keys of ``required`` that the planned object of ``change`` lacks, when it is taggable
+    (its ``after`` has a ``tags_all`` or ``tags`` attribute, known or not); else none.
+
+    A key counts when it is in the known ``tags_all`` or ``tags``, or marked in ``after_unknown``
+    as a key whose value is known only after the apply; a whole map known only after the apply
+    names no key (the plan cannot show the tag is there)."""
+    after = change.get("after") if isinstance(change.get("after"), Mapping) else {}
+    unknown = change.get("after_unknown") if isinstance(change.get("after_unknown"), Mapping) else {}
+    if not any(a in after or a in unknown for a in TAG_ATTRIBUTES):
+        return []
+    keys = set()
+    for a in TAG_ATTRIBUTES:
+        for source in (after.get(a), unknown.get(a)):
+            if isinstance(source, Mapping):
+                keys.update(str(k) for k in source)
+    return [k for k in required if k not in keys]
+
+
 def _covers(entry: str, address: str) -> bool:
     return address == entry or address.startswith(entry + "[")
 
 
 def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
-                  refuse_create: Iterable[str] = ()) -> PlanVerdict:
+                  refuse_create: Iterable[str] = (), required_tags: Iterable[str] = ()) -> PlanVerdict:
     """Classify ``plan["resource_changes"]`` and check every destroy against ``allow_destroy``.
 
     ``refuse_create``: addresses of resources that must never be created (the volume, filesystem
     or bucket of a storage meta-state records as existing): a create of one is a violation
-    (a replacement is a destroy, and the whitelist decides)."""
+    (a replacement is a destroy, and the whitelist decides).
+    ``required_tags``: tag keys every taggable resource being created, updated or replaced must
+    carry (:func:`missing_tags`); each that lacks one is a violation."""
     if not isinstance(plan, Mapping) or "format_version" not in plan:
         raise GateError("not a terraform plan in JSON (no format_version): pass the output of `show -json <plan>`")
     if plan.get("errored"):
@@ -113,6 +154,7 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
             raise GateError("allow_destroy entry %r is not a terraform address: %s" % (e, exc))
     whitelist = Whitelist(entries)
     refuse = [e for e in refuse_create or () if e]
+    required = [t for t in required_tags or () if t]
     verdict = PlanVerdict()
     for rc in plan.get("resource_changes") or []:
         if not isinstance(rc, Mapping):
@@ -145,12 +187,19 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
             continue
         {"create": verdict.creates, "update": verdict.updates, "delete": verdict.deletes,
          "replace": verdict.replaces, "forget": verdict.forgets}[kind].append(shown)
-        detail = {"address": shown, "actions": actions, "kind": kind}
+        detail = {"address": shown, "actions": actions, "kind": kind,
+                  "attributes": attribute_changes(change, kind)}
         if rc.get("action_reason"):
             detail["action_reason"] = rc.get("action_reason")
+        if change.get("replace_paths"):
+            detail["replace_paths"] = [".".join(str(x) for x in p) for p in change["replace_paths"] if isinstance(p, list)]
         verdict.details.append(detail)
         if "create" in acts and kind != "replace" and any(_covers(e, address) for e in refuse):
             verdict.violations.append(recorded_create_message(shown))
+        if required and kind in ("create", "update", "replace") and rc.get("mode", "managed") == "managed":
+            lacking = missing_tags(change, required)
+            if lacking:
+                verdict.violations.append(missing_tags_message(shown, lacking))
         if kind in ("delete", "replace"):
             try:
                 entry = whitelist.covering(address)
@@ -161,6 +210,77 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
             else:
                 verdict.whitelisted.append({"address": shown, "entry": entry, "kind": kind})
     return verdict
+
+
+def _marked(marks: Any) -> bool:
+    """Whether a ``*_sensitive`` / ``after_unknown`` mark structure marks anything."""
+    if marks is True:
+        return True
+    if isinstance(marks, Mapping):
+        return any(_marked(v) for v in marks.values())
+    if isinstance(marks, list):
+        return any(_marked(v) for v in marks)
+    return False
+
+
+def _shown_value(name: str, value: Any, sensitive: bool) -> str:
+    if sensitive or find_secrets({name: value}):
+        return MASKED
+    text = json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
+    if len(text) > VALUE_WIDTH:
+        text = "%s... (%d characters)" % (text[:VALUE_WIDTH], len(text))
+    return text
+
+
+def attribute_changes(change: Mapping[str, Any], kind: str) -> List[Dict[str, str]]:
+    """The top-level attributes a change sets or changes, as the approver reads them:
+    ``[{"name", "before", "after"}]`` (shown text; sensitive values and secret-shaped ones
+    :data:`MASKED`, values terraform knows only after the apply :data:`UNKNOWN`).
+
+    A create lists the values it sets (not the null ones, nor those only known after the
+    apply); an update or a replacement what differs; a destroy or a forget nothing."""
+    if kind in ("delete", "forget"):
+        return []
+    before = change.get("before") if isinstance(change.get("before"), Mapping) else {}
+    after = change.get("after") if isinstance(change.get("after"), Mapping) else {}
+    unknown = change.get("after_unknown") if isinstance(change.get("after_unknown"), Mapping) else {}
+    b_sens, a_sens = change.get("before_sensitive"), change.get("after_sensitive")
+    out: List[Dict[str, str]] = []
+    for name in sorted(set(before) | set(after) | set(unknown)):
+        b, a, u = before.get(name), after.get(name), _marked(unknown.get(name))
+        sens = (b_sens is True or a_sens is True
+                or (isinstance(b_sens, Mapping) and _marked(b_sens.get(name)))
+                or (isinstance(a_sens, Mapping) and _marked(a_sens.get(name))))
+        if kind == "create":
+            if u or a is None or a == {} or a == []:
+                continue
+            out.append({"name": name, "before": "", "after": _shown_value(name, a, sens)})
+        elif b != a or u:
+            out.append({"name": name, "before": "null" if b is None and not sens else _shown_value(name, b, sens),
+                        "after": UNKNOWN if u else _shown_value(name, a, sens)})
+    return out
+
+
+def change_lines(verdict: "PlanVerdict", limit: int = CHANGE_LINES_MAX) -> List[str]:
+    """Every touched address with its action and the attributes it changes (what the approver
+    reads; at most ``limit`` lines, the last one saying how many were left out)."""
+    lines: List[str] = []
+    for d in sorted(verdict.details, key=lambda x: x["address"]):
+        kind = d["kind"]
+        word = _WORDS.get(kind) or ("replace (%s)" % " then ".join(d["actions"]))
+        head = "%s %s: %s" % (_SIGNS.get(kind, "?"), d["address"], word)
+        if d.get("replace_paths"):
+            head += "; forced by %s" % ", ".join(d["replace_paths"])
+        lines.append(head)
+        for a in d.get("attributes") or []:
+            if kind == "create":
+                lines.append("    %s = %s" % (a["name"], a["after"]))
+            else:
+                lines.append("    %s: %s -> %s" % (a["name"], a["before"], a["after"]))
+    if len(lines) > limit:
+        cut = len(lines) - (limit - 1)
+        lines = lines[:limit - 1] + ["... %d more line(s): the plan job's csis_plan_changes artifact has every change" % cut]
+    return lines
 
 
 def plan_content_digest(plan: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tup
 
 from ..errors import ConfigError, Problem
 from ..yamlio import config_loaders, yaml
+from . import hierarchy as h
 from . import models as m
 from .models import BaseModel, ValidationError
 
@@ -317,6 +318,10 @@ class Tree:
     config_unknown: set = field(default_factory=set)
     #: ``config:`` key -> the file its value came from (cfg/_config.yml or an overlay)
     config_source: Dict[str, str] = field(default_factory=dict)
+    #: the nodes of cfg/hierarchy.yml (accounts, environments) by name
+    hierarchy: Dict[str, m.HierarchyNode] = field(default_factory=dict)
+    #: runtime -> where its dependency-config keys and its own tags came from (config/hierarchy.py)
+    runtime_sources: Dict[str, Dict[str, Dict[str, Tuple[str, str]]]] = field(default_factory=dict)
 
     def dangling(self, kind: str, ref: Optional[str]) -> bool:
         """Whether an unresolved reference ``ref`` to a ``kind`` is worth reporting:
@@ -405,6 +410,8 @@ class Tree:
 
 # (file glob, top key, file model, table attribute, kind, required?)
 _CFG_FILES: List[Tuple[str, str, Type[BaseModel], str, str, bool]] = [
+    # first: its dependency configs seed the runtimes (config/hierarchy.py)
+    (h.HIERARCHY_REL, "hierarchy", m.HierarchyFile, "hierarchy", h.KIND, False),
     ("cfg/executables.yml", "executables", m.ExecutablesFile, "executables", "executable", True),
     ("cfg/runtime-builders.yml", "runtime_builders", m.RuntimeBuildersFile, "runtimes", "runtime", True),
     ("cfg/state-backends*.yml", "state_backends", m.StateBackendsFile, "backends", "backend", False),
@@ -472,8 +479,12 @@ def _parse_config(raw: Dict[str, Any], problems: List[Problem]) -> Tuple[m.Confi
 def _overlay_config(shown: str, config: Dict[str, Any], problems: List[Problem]) -> Dict[str, Any]:
     """The overlay's ``config:`` keys that are valid; the others are reported at the overlay."""
     good: Dict[str, Any] = {}
-    fields = sorted(m.ConfigFlags.model_fields)
+    fields = sorted(k for k in m.ConfigFlags.model_fields if k not in h.POLICY_KEYS)
     for k, v in config.items():
+        if k in h.POLICY_KEYS:
+            problems.append(Problem(shown, "config.%s" % k, "'%s' is a policy: only cfg/_config.yml sets it "
+                                                            "(an overlay cannot change it)" % k))
+            continue
         if k not in m.ConfigFlags.model_fields:
             close = difflib.get_close_matches(str(k), fields, n=1, cutoff=0.6)
             problems.append(Problem(shown, "config.%s" % _display(str(k)), "unknown key %s%s (allowed here: %s)"
@@ -575,12 +586,19 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
                         for shown, j, patch in patch_targets[top].pop(nm, []):
                             data[top][i] = _deep_merge(data[top][i], patch)
                             patched.setdefault(i, []).append((shown, j, patch))
+            unseeded: Dict[int, str] = {}
+            if top == "runtime_builders" and isinstance(data.get(top), list):
+                # the hierarchy's dependency configs: defaults of the keys a runtime leaves out
+                env_problems, unseeded = h.seed_runtimes(tree, data[top], patched, rel)
+                problems.extend(env_problems)
             file_problems: List[Problem] = []
             located: List[Tuple[Tuple[Any, ...], Problem]] = []
             broken: set = set()
             parsed = parse_model(model, data, rel, file_problems, broken, located)
             if patched:
                 file_problems = [_blame_overlay(p, located, patched, top) for p in file_problems]
+            if unseeded:
+                file_problems = [p for p in file_problems if not h.unseeded_problem(p, unseeded)]
             problems.extend(file_problems)
             tree.broken |= broken
             tree.broken_kinds.setdefault(kind, set()).update(broken)
@@ -619,6 +637,8 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
                                         "overlay patches %s '%s', which is not declared in %s (declared: %s); "
                                         "an overlay can only change declared entries"
                                         % (what, name, source, ", ".join(sorted(declared_names[key])) or "none")))
+
+    problems.extend(h.hierarchy_problems(tree))
 
     # Undeclare for one run (a decommission): CLI list plus `undeclare: true` entries.
     for name in list(undeclare):

@@ -223,6 +223,26 @@ CheckedTags = Annotated[Tags, AfterValidator(_check_tags)]
 
 
 # --------------------------------------------------------------------------- cfg/_config.yml
+def check_region(v: Optional[str]) -> Optional[str]:
+    """An AWS region name (a runtime's ``region``, a hierarchy node's ``dependency_configs.region``)."""
+    if v is not None and not re.match(r"^[a-z]{2}(-[a-z]+)+-\d\Z", v):
+        raise ValueError("region %r is not an AWS region name (like 'us-east-2')" % v)
+    return v
+
+
+def check_account_id(v: Optional[str]) -> Optional[str]:
+    if v is not None and not re.match(r"^\d{12}\Z", str(v)):
+        raise ValueError("account_id must be 12 digits (quote it)")
+    return v
+
+
+def check_plain_aws_name(v: Optional[str]) -> Optional[str]:
+    """A plain AWS name (a machine type, an instance profile)."""
+    if v is not None and not re.match(r"^[A-Za-z0-9+=,.@_-]{1,128}\Z", v):
+        raise ValueError("%r must be a plain AWS name" % v)
+    return v
+
+
 class ConfigFlags(Strict):
     use_state_backends: bool = False
     apply_identity: Optional[Any] = None
@@ -236,6 +256,18 @@ class ConfigFlags(Strict):
     aws_provider_version: Optional[str] = ">= 5.0, < 6.0"
     #: the roots' ``terraform { required_version }`` (null: none, as in the reference manual)
     terraform_required_version: Optional[str] = ">= 1.5.0"
+    #: tag keys every storage and instance must carry (validate) and every taggable resource a
+    #: plan creates or updates (the gate); only cfg/_config.yml sets it (config/hierarchy.py)
+    required_tags: List[str] = Field(default_factory=list)
+
+    @field_validator("required_tags")
+    @classmethod
+    def _required_tags(cls, v: List[str]) -> List[str]:
+        _check_tags({k: "" for k in v})
+        dupes = sorted({k for k in v if v.count(k) > 1})
+        if dupes:
+            raise ValueError("required_tags lists %s more than once" % ", ".join(show(k) for k in dupes))
+        return v
 
     @field_validator("aws_provider_version", "terraform_required_version")
     @classmethod
@@ -289,11 +321,19 @@ class MetaStateSetting(Strict):
         return self
 
 
+class ApprovalsSetting(Strict):
+    """``approvals:`` of cfg/_config.yml: who may approve an apply (docs/awx.md, "Approvals")."""
+    #: the apply job's launcher must differ from the plan job's requester (both as AWX passes
+    #: them, ``awx_user_name``); a terminal run, where one person is both, is refused
+    distinct_approver: bool = False
+
+
 class ConfigFile(Strict):
     id: Optional[str] = None
     description: Optional[str] = None
     config: ConfigFlags = Field(default_factory=ConfigFlags)
     meta_state: Optional[MetaStateSetting] = None
+    approvals: ApprovalsSetting = Field(default_factory=ApprovalsSetting)
 
     _id = field_validator("id")(optional(check_name, "id"))
 
@@ -430,6 +470,59 @@ class Networking(Strict):
         return list(seen.values())
 
 
+#: An SSH login name: it goes on the ``ssh`` command line (``-l``), so it never starts with '-'.
+SSH_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
+#: A file named to ``ssh`` (key, known_hosts, client configuration): plain path characters, an
+#: optional leading ``~/``; no whitespace, quotes, '%' (ssh's tokens) or leading '-'.
+SSH_PATH_RE = re.compile(r"^(~/)?[A-Za-z0-9_.+@,/][A-Za-z0-9_.+@,/=-]*\Z")
+
+
+def check_ssh_path(v: str, what: str) -> str:
+    if not isinstance(v, str) or not SSH_PATH_RE.match(v) or ".." in v.split("/"):
+        raise ValueError("%s %s is not a plain file path (letters, digits, '_', '.', '+', '@', ',', '=', '-', '/', an "
+                         "optional leading '~/'; no '..', no leading '-', no spaces, quotes or '%%')" % (what, show(v)))
+    return v
+
+
+class SshSession(Strict):
+    """How csis.infra reaches a runtime's machines over SSH (``session_mechanism: ssh``)."""
+    user: str
+    private_key_file: str
+    port: int = 22
+    address: Literal["private_ip", "public_ip"] = "private_ip"
+    known_hosts_file: Optional[str] = None
+    host_key_checking: Literal["strict", "accept-new"] = "strict"
+    connect_timeout: int = 10
+    config_file: Optional[str] = None
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not SSH_USER_RE.match(v):
+            raise ValueError("user %s is not a login name (a letter or '_', then letters, digits, '_', '.', '-'; "
+                             "at most 32 characters)" % show(v))
+        return v
+
+    @field_validator("private_key_file", "known_hosts_file", "config_file")
+    @classmethod
+    def _path(cls, v: Optional[str], info: Any) -> Optional[str]:
+        return None if v is None else check_ssh_path(v, info.field_name)
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError("port %d is not a TCP port (1-65535)" % v)
+        return v
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _ct(cls, v: int) -> int:
+        if not 1 <= v <= 300:
+            raise ValueError("connect_timeout %d must be 1-300 seconds" % v)
+        return v
+
+
 class RuntimeBuilder(Strict):
     name: str
     type: Literal["aws"] = "aws"
@@ -446,6 +539,7 @@ class RuntimeBuilder(Strict):
     s3_use_path_style: bool = False
     session_mechanism: Literal["ssm", "ssh", "none"] = "ssm"
     session_instance_profile: Optional[str] = None
+    ssh: Optional[SshSession] = None
     default_machine_type: str = "t3.micro"
     networking: Networking = Field(default_factory=Networking)
     state_configuration: Optional[str] = None
@@ -453,29 +547,18 @@ class RuntimeBuilder(Strict):
     teardown_after: Optional[str] = None
     tags: CheckedTags = Field(default_factory=dict)
     config: Dict[str, Any] = Field(default_factory=dict)
+    #: the environment node of cfg/hierarchy.yml this runtime belongs to (its tags and configs flow down)
+    environment: Optional[str] = None
 
     _n = field_validator("name", mode="before")(classmethod(lambda cls, v: check_name(normalize_builder_name(v), "runtime name")))
 
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str) -> str:
-        if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d\Z", v):
-            raise ValueError("region %r is not an AWS region name (like 'us-east-2')" % v)
-        return v
+    _env = field_validator("environment", mode="before")(
+        classmethod(lambda cls, v: v if v is None else check_name(normalize_builder_name(v), "environment")))
 
-    @field_validator("account_id")
-    @classmethod
-    def _acct(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^\d{12}\Z", str(v)):
-            raise ValueError("account_id must be 12 digits")
-        return v
-
-    @field_validator("session_instance_profile", "default_machine_type")
-    @classmethod
-    def _plain(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[A-Za-z0-9+=,.@_-]{1,128}\Z", v):
-            raise ValueError("%r must be a plain AWS name" % v)
-        return v
+    _region = field_validator("region")(classmethod(lambda cls, v: check_region(v)))
+    _acct = field_validator("account_id")(classmethod(lambda cls, v: check_account_id(v)))
+    _plain = field_validator("session_instance_profile", "default_machine_type")(
+        classmethod(lambda cls, v: check_plain_aws_name(v)))
 
     @field_validator("teardown_after")
     @classmethod
@@ -483,6 +566,13 @@ class RuntimeBuilder(Strict):
         if v is not None:
             parse_duration(v)
         return v
+
+    @model_validator(mode="after")
+    def _ssh(self) -> "RuntimeBuilder":
+        if self.session_mechanism == "ssh" and self.ssh is None:
+            raise keyed_error("ssh", "session_mechanism 'ssh' needs an 'ssh:' block (at least user and private_key_file): "
+                                     "csis_unmount logs in with it")
+        return self
 
 
 class RuntimeBuildersFile(Strict):
@@ -924,6 +1014,56 @@ class Instance(Strict):
 
 class InstancesFile(Strict):
     instances: List[Instance] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- hierarchy
+#: the runtime keys a hierarchy node's ``dependency_configs`` may seed (config/hierarchy.py)
+DEPENDENCY_CONFIG_KEYS = ("region", "account_id", "default_machine_type")
+
+
+class DependencyConfigs(Strict):
+    """What a node of cfg/hierarchy.yml seeds into the runtimes beneath it: each key is the
+    default of the runtime key of the same name (the runtime's own value wins; the nearest node
+    wins over a farther one). Checked as the runtime checks them."""
+    region: Optional[str] = None
+    account_id: Optional[str] = None
+    default_machine_type: Optional[str] = None
+
+    # checked exactly as the runtime checks the keys they seed
+    _region = field_validator("region")(classmethod(lambda cls, v: check_region(v)))
+    _acct = field_validator("account_id")(classmethod(lambda cls, v: check_account_id(v)))
+    _mt = field_validator("default_machine_type")(classmethod(lambda cls, v: check_plain_aws_name(v)))
+
+
+class HierarchyNode(Strict):
+    """An abstract node of cfg/hierarchy.yml: an account, or an environment (a region) under an
+    account or under another environment."""
+    name: str
+    kind: Literal["account", "environment"]
+    parent: Optional[str] = None
+    description: Optional[str] = None
+    dependency_tags: CheckedTags = Field(default_factory=dict)
+    dependency_configs: DependencyConfigs = Field(default_factory=DependencyConfigs)
+
+    _n = field_validator("name", mode="before")(
+        classmethod(lambda cls, v: check_name(normalize_builder_name(v), "node name")))
+
+    _p = field_validator("parent", mode="before")(
+        classmethod(lambda cls, v: v if v is None else check_name(normalize_builder_name(v), "parent")))
+
+    @model_validator(mode="after")
+    def _parent(self) -> "HierarchyNode":
+        if self.kind == "account" and self.parent is not None:
+            raise keyed_error("parent", "account '%s' is a top node and takes no parent (an environment names its "
+                                        "account as its parent)" % self.name)
+        if self.kind == "environment" and self.parent is None:
+            raise keyed_error("parent", "environment '%s' needs a parent: its account (or another environment)"
+                              % self.name)
+        return self
+
+
+class HierarchyFile(Strict):
+    hierarchy: List[HierarchyNode] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- overlays

@@ -20,6 +20,7 @@ from ..state.aliases import POOL as ALIAS_POOL
 from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
 from ..terraform import version as terraform_version
+from . import hierarchy
 from . import models as m
 from .loader import Tree, load_tree_partial
 
@@ -663,6 +664,8 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     """Run every rule; return every problem (empty list = valid)."""
     v = Validation(tree, meta)
     v.references()
+    if v.config_known("required_tags"):
+        v.problems.extend(hierarchy.required_tag_problems(tree))
     v.labels()
     v.attach_rules()
     v.cardinality()

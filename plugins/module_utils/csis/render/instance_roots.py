@@ -150,7 +150,7 @@ class InstanceRoots(RootPlanner):
                 mod.attr("subnet_id", net.default_subnet_id)
             if rt.session_mechanism == "ssm" and rt.session_instance_profile:
                 mod.attr("iam_instance_profile", rt.session_instance_profile)
-            mod.attr("tags", self.tags(inst.tags))
+            mod.attr("tags", self.tags(self.runtime_tags(rt), inst.tags))
             tvars: Dict[str, Any] = {}
             group = params.get("group")
             if group and self.group_builder_of(group) is not None:
@@ -248,7 +248,7 @@ class InstanceRoots(RootPlanner):
             eg.attr("to_port", 0)
             eg.attr("protocol", "-1")
             eg.attr("cidr_blocks", ["0.0.0.0/0"])
-            sg.attr("tags", self.tags({"Name": "csis-instances"}))
+            sg.attr("tags", self.tags(self.runtime_tags(rt), {"Name": "csis-instances"}))
             lc = sg.block("lifecycle")
             lc.attr("create_before_destroy", True)
             blocks += [vpc, sg]

@@ -94,4 +94,6 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         "warnings": [w for p in plans for w in p.warnings],
         "undeclared": list(tree.undeclared),
         "modules": modules,
+        # cfg/_config.yml's approvals: (csis.infra.tofu_root's csis_approval task)
+        "approvals": tree.config_file.approvals.model_dump(),
     }

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import aws
+from ..config import hierarchy
 from ..config import models as m
 from ..config.flags import apply_flag_allows, narrow_by_apply_runtime
 from ..config.loader import Tree
@@ -71,6 +72,8 @@ class RootPlan:
     warnings: List[str] = field(default_factory=list)
     #: how boto3 reaches the root's runtime (no secrets: credentials come from the environment)
     aws: Dict[str, Any] = field(default_factory=dict)
+    #: the tree's ``config.required_tags``, which the gate checks on the plan (roots.plan_roots)
+    required_tags: List[str] = field(default_factory=list)
 
     def as_dict(self, config_root: str) -> Dict[str, Any]:
         return {
@@ -84,7 +87,7 @@ class RootPlan:
             "transitions_before": list(self.transitions_before), "transitions_after": list(self.transitions_after),
             "storages": dict(self.storages), "instances": dict(self.instances), "ephemeral": list(self.ephemeral),
             "decommission": list(self.decommission), "warnings": list(self.warnings),
-            "files": sorted(self.files), "aws": dict(self.aws),
+            "files": sorted(self.files), "aws": dict(self.aws), "required_tags": list(self.required_tags),
             "deferred": self.deferred(),
         }
 
@@ -161,6 +164,10 @@ class RootPlanner:
         rel = os.path.relpath(os.path.join(target, module), os.path.join(self.t.root, directory))
         return rel if rel.startswith(".") else "./" + rel
 
+    def runtime_tags(self, rt: m.RuntimeBuilder) -> Dict[str, str]:
+        """The runtime's effective tags (its environment chain's, then its own: config/hierarchy.py)."""
+        return hierarchy.runtime_tags(self.t, rt)
+
     def tags(self, *layers: Mapping[str, str]) -> Dict[str, str]:
         out: Dict[str, str] = {}
         for layer in layers:
@@ -209,10 +216,11 @@ class RootPlanner:
             eb = pb.block("endpoints")
             for k, v in eps.items():
                 eb.attr(k, v)
-        if rt.tags:
-            # the runtime's tags reach every resource this provider creates (tags_all); a
-            # resource's own tags win over them
-            pb.block("default_tags").attr("tags", dict(sorted(rt.tags.items())))
+        tags = self.runtime_tags(rt)
+        if tags:
+            # the runtime's effective tags (its environment chain's, then its own) reach every
+            # resource this provider creates (tags_all); a resource's own tags win over them
+            pb.block("default_tags").attr("tags", dict(sorted(tags.items())))
         return pb
 
     def backend_settings(self, backend: m.StateBackend, workspace: str, from_dir: str) -> Dict[str, Any]:

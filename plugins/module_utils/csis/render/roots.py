@@ -24,4 +24,7 @@ def plan_roots(tree: Tree, meta: Mapping[str, Any], lifecycle: str, opts: Render
     planner = PLANNERS.get(lifecycle)
     if planner is None:
         raise ValueError("unknown lifecycle %r (one of %s)" % (lifecycle, ", ".join(LIFECYCLES)))
-    return planner(tree, meta, opts).roots()
+    roots = planner(tree, meta, opts).roots()
+    for root in roots:
+        root.required_tags = list(tree.config.required_tags)
+    return roots

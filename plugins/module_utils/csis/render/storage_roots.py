@@ -142,7 +142,7 @@ class StorageRoots(RootPlanner):
         net = rt.networking
         args: List[Tuple[str, Any]] = []
         declared = {k: v for k, v in sb.variables.model_dump().items() if k != "tags" and v is not None}
-        tags = self.tags(sb.variables.tags, st.tags)
+        tags = self.tags(self.runtime_tags(rt), sb.variables.tags, st.tags)
         if sb.type == "tf-aws-ebs":
             args += [(k, declared[k]) for k in ("volume_type", "encrypted") if k in declared]
             args.append(("name", st.name))

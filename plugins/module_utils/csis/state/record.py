@@ -244,8 +244,9 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 if params.get("alias"):
                     cur["alias"] = params["alias"]  # retired with the generation (state/aliases.py)
                 opened = True
-            cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "ami_id": a.get("ami"),
-                        "availability_zone": a.get("availability_zone"), "instance_type": a.get("instance_type")})
+            cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "public_ip": a.get("public_ip") or None,
+                        "ami_id": a.get("ami"), "availability_zone": a.get("availability_zone"),
+                        "instance_type": a.get("instance_type")})
             srec["current"] = cur
             old_pin = pin_map.get(name)
             if not ephemeral and (old_pin is None or name in pending or opened) and a.get("ami") and old_pin != a.get("ami"):

@@ -7,7 +7,7 @@
 This module is the one place meta-state is read and written (docs/meta-state.md).
 
 * **Files and records.** Callers see *files* (:data:`FILES`: ``launch-params.yaml`` ->
-  ``{"instances": {...}}``). The four files keyed by instance or storage name (:data:`KEYED`)
+  ``{"instances": {...}}``). The files keyed by instance, storage or root name (:data:`KEYED`)
   are kept as one object per record, ``<stem>/<name>.yaml`` (``launch-params/web.yaml``), each
   a whole file holding that one record; the others (pins, verifications, lineage, runs) stay
   whole files. :meth:`MetaState.load` assembles a file from its records; a file from before
@@ -122,6 +122,8 @@ FILES: Dict[str, Tuple[Tuple[str, type], ...]] = {
     "image-tests.yaml": (("builds", dict),),
     "lineage.yaml": (("builds", list),),
     "runs.yaml": (("runs", list),),
+    # plan receipts and approvals per root key (apply/approvals.py)
+    "plan-receipts.yaml": (("roots", dict),),
 }
 
 _KIND_NAMES = {dict: "mapping", list: "list", str: "string", int: "integer",
@@ -260,6 +262,15 @@ def _validate_image_tests(name: str, builds: Dict[str, Any]) -> None:
             _expect_mapping(name, "%s.results[%d]" % (where, i), res)
 
 
+def _validate_receipts(name: str, roots: Dict[str, Any]) -> None:
+    for _key, where, entry in _entries(name, "roots", roots):
+        plans = entry.get("plans")
+        if plans is not None:
+            _expect_mapping(name, "%s.plans" % where, plans)
+            for digest, receipt in plans.items():
+                _expect_mapping(name, "%s.plans.%s" % (where, digest), receipt)
+
+
 def _validate_name_map(name: str, top: str, value: Dict[str, Any]) -> None:
     for _entry in _entries(name, top, value):
         pass
@@ -272,6 +283,7 @@ _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
     "storage-state.yaml": lambda n, d: _validate_storage_state(n, d["storages"]),
     "storage.yaml": lambda n, d: _validate_name_map(n, "storages", d["storages"]),
     "image-tests.yaml": lambda n, d: _validate_image_tests(n, d["builds"]),
+    "plan-receipts.yaml": lambda n, d: _validate_receipts(n, d["roots"]),
 }
 
 
@@ -548,6 +560,7 @@ KEYED: Dict[str, str] = {
     "instance-state.yaml": "instances",
     "storage-state.yaml": "storages",
     "storage.yaml": "storages",
+    "plan-receipts.yaml": "roots",
 }
 #: in a record folder: the top-level keys of the file other than its records (forward compatible)
 REST = "_rest.yaml"

@@ -16,6 +16,9 @@ module "instance_test2" {
   subnet_id                   = "subnet-0a1b2c3d4e5f60718"
   iam_instance_profile        = "csis-ssm"
   tags = {
+    BillingCode = "CSIS-0001"
+    Owner       = "coastal-ops"
+    Stage       = "development"
     hype        = "test"
     csis_config = "csis-example"
   }

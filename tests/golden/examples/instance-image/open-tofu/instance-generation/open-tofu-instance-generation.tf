@@ -29,6 +29,14 @@ provider "aws" {
     ssm = "http://127.0.0.1:5055"
     sts = "http://127.0.0.1:5055"
   }
+
+  default_tags {
+    tags = {
+      BillingCode = "CSIS-0001"
+      Owner       = "coastal-ops"
+      Stage       = "development"
+    }
+  }
 }
 
 variable "test2_ami_id" {
@@ -103,6 +111,9 @@ resource "aws_security_group" "csis_instances" {
   }
 
   tags = {
+    BillingCode = "CSIS-0001"
+    Owner       = "coastal-ops"
+    Stage       = "development"
     Name        = "csis-instances"
     csis_config = "csis-example"
   }

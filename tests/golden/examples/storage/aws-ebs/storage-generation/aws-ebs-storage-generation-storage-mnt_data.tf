@@ -13,6 +13,9 @@ module "storage_mnt_data" {
   size              = 100
   availability_zone = "us-east-2a"
   tags = {
+    BillingCode = "CSIS-0001"
+    Owner       = "coastal-ops"
+    Stage       = "development"
     Project     = "MyProject"
     Environment = "Development"
     csis_config = "csis-example"

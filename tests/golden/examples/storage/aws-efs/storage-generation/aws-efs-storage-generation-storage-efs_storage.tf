@@ -28,6 +28,9 @@ module "storage_efs_storage" {
   mount_target_subnet_ids   = ["subnet-0a1b2c3d4e5f60718", "subnet-0b1b2c3d4e5f60718"]
   client_security_group_ids = ["sg-0f1e2d3c4b5a69788"]
   tags = {
+    BillingCode = "CSIS-0001"
+    Owner       = "coastal-ops"
+    Stage       = "development"
     Project     = "MyProject"
     Environment = "Development"
     csis_config = "csis-example"

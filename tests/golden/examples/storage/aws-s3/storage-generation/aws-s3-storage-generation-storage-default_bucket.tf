@@ -19,6 +19,9 @@ module "storage_default_bucket" {
   ]
   public_read = true
   tags = {
+    BillingCode = "CSIS-0001"
+    Owner       = "coastal-ops"
+    Stage       = "development"
     Project     = "MyProject"
     Environment = "Development"
     env         = "production"

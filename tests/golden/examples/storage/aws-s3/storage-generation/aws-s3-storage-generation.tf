@@ -29,4 +29,12 @@ provider "aws" {
     ssm = "http://127.0.0.1:5055"
     sts = "http://127.0.0.1:5055"
   }
+
+  default_tags {
+    tags = {
+      BillingCode = "CSIS-0001"
+      Owner       = "coastal-ops"
+      Stage       = "development"
+    }
+  }
 }

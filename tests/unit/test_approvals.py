@@ -1,0 +1,149 @@
+# -*- coding: utf-8 -*-
+"""What the approver reads (every address, its action, its changed attributes, secrets
+masked) and the plan receipts and approval records in the meta-state store
+(plugins/module_utils/csis/apply/approvals.py), on a real local store."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import MASKED, UNKNOWN, change_lines, evaluate_plan
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
+
+D1, D2 = "a" * 64, "b" * 64
+SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example secret access key
+
+
+def plan(*changes):
+    return {"format_version": "1.2", "resource_changes": list(changes)}
+
+
+def rc(address, actions, before=None, after=None, **extra):
+    return {"address": address, "change": dict({"actions": actions, "before": before, "after": after}, **extra)}
+
+
+def test_the_approver_reads_every_address_its_action_and_what_changes_with_secrets_masked():
+    p = plan(
+        rc("module.ebs.aws_ebs_volume.this", ["create"], None,
+           {"size": 100, "type": "gp3", "kms_key_id": None, "tags": {"Name": "mnt_data"}, "password": "hunter2x",
+            "note": "key " + SECRET_KEY},
+           after_unknown={"id": True, "arn": True}, after_sensitive={"password": True}),
+        rc("aws_instance.web", ["update"], {"instance_type": "t3.micro", "ami": "ami-1", "user_data": "a"},
+           {"instance_type": "t3.small", "ami": "ami-1", "user_data": "b"},
+           after_unknown={"public_ip": True}, before_sensitive={"user_data": True}, after_sensitive={"user_data": True}),
+        rc("aws_ebs_volume.old", ["delete"], {"size": 5}, None),
+        rc("aws_s3_bucket.b", ["delete", "create"], {"bucket": "x", "id": "x"}, {"bucket": "y"},
+           after_unknown={"id": True}, replace_paths=[["bucket"]]),
+        rc("aws_s3_bucket.same", ["no-op"], {"bucket": "z"}, {"bucket": "z"}),
+    )
+    verdict = evaluate_plan(p, ["aws_ebs_volume.old", "aws_s3_bucket.b"])
+    lines = change_lines(verdict)
+    text = "\n".join(lines)
+    assert lines[0] == "- aws_ebs_volume.old: destroy"  # by address
+    assert "~ aws_instance.web: update in place" in lines
+    assert '    instance_type: "t3.micro" -> "t3.small"' in lines
+    assert "    user_data: %s -> %s" % (MASKED, MASKED) in lines
+    assert "    public_ip: null -> %s" % UNKNOWN in lines
+    assert "- aws_ebs_volume.old: destroy" in lines
+    assert "-/+ aws_s3_bucket.b: replace (delete then create); forced by bucket" in lines
+    assert '    bucket: "x" -> "y"' in lines
+    assert "+ module.ebs.aws_ebs_volume.this: create" in lines
+    assert "    size = 100" in lines and '    tags = {"Name": "mnt_data"}' in lines
+    # sensitive by terraform's mark, and secret-shaped by its value: never shown
+    assert "    password = %s" % MASKED in lines and "    note = %s" % MASKED in lines
+    assert "hunter2x" not in text and SECRET_KEY not in text
+    # null values and values only known after the apply are not listed for a create; no-ops not at all
+    assert "kms_key_id" not in text and "arn" not in text and "aws_s3_bucket.same" not in text
+
+
+def test_a_long_listing_is_cut_and_says_so():
+    p = plan(*[rc("aws_ssm_parameter.p%03d" % i, ["create"], None, {"name": "p%d" % i}) for i in range(300)])
+    lines = change_lines(evaluate_plan(p), limit=50)
+    assert len(lines) == 50
+    assert lines[-1].startswith("... 551 more line(s)")
+
+
+def test_the_gate_returns_the_listing_and_the_structured_changes(tmp_path):
+    path = tmp_path / "plan.json"
+    import json
+    path.write_text(json.dumps(plan(rc("aws_ebs_volume.v", ["create"], None, {"size": 8}))))
+    res = run_gate(plan_json=str(path))
+    assert res["change_lines"] == ["+ aws_ebs_volume.v: create", "    size = 8"]
+    assert res["resource_changes"] == [{"address": "aws_ebs_volume.v", "action": "create", "actions": ["create"],
+                                        "attributes": [{"name": "size", "before": "", "after": "8"}]}]
+
+
+@pytest.fixture()
+def tree(tmp_path):
+    root = tmp_path / "tree"
+    os.makedirs(root / "cfg")
+    return str(root)
+
+
+def test_an_apply_job_needs_the_plan_jobs_receipt_and_records_who_approved(tree):
+    with pytest.raises(approvals.ApprovalRefused) as exc:
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1)
+    assert str(exc.value).startswith("storage-aws-ebs: no plan job receipted this plan (aaaaaaaaaaaa): "
+                                     "meta-state/plan-receipts/storage-aws-ebs.yaml holds no receipt for it")
+    assert "an extra var alone approves nothing" in str(exc.value)
+    assert not os.path.exists(os.path.join(tree, "meta-state", "plan-receipts"))  # a refusal writes nothing
+
+    approvals.request(tree, "storage-aws-ebs", D1, summary="Plan: 1 to add, 0 to change, 0 to destroy",
+                      requested_by="alice", job="41", workflow="40", lifecycle="storage")
+    # the pinned digest (csis_approved_plans) must still be this plan's
+    with pytest.raises(approvals.ApprovalRefused, match="the plan differs from the one approved in the plan job"):
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D2)
+    with pytest.raises(approvals.ApprovalRefused, match=r"\(none approved != a{64}\)"):
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned="")
+    res = approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1, job="44",
+                            workflow="40", distinct_approver=True)
+    receipt = approvals.receipts_of(tree, "storage-aws-ebs")[D1]
+    assert receipt["requested_by"] == "alice" and receipt["plan_job"] == "41" and receipt["workflow"] == "40"
+    assert receipt["approvals"] == [res["approval"]]
+    assert {k: res["approval"][k] for k in ("approved_by", "method", "apply_job", "workflow")} == {
+        "approved_by": "bob", "method": "awx", "apply_job": "44", "workflow": "40"}
+    # the audit trail names the approval
+    events = [e for rec in audit_trail(MetaState(tree)) for e in rec.get("events") or []]
+    assert {"kind": "approval", "root": "storage-aws-ebs", "plan_digest": D1, "requested_by": "alice",
+            "approved_by": "bob", "method": "awx", "workflow": "40", "apply_job": "44"} in events
+
+
+def test_distinct_approver_refuses_the_requester_an_unknown_launcher_and_a_terminal_run(tree):
+    approvals.request(tree, "storage-aws-ebs", D1, requested_by="alice")
+    for by, shown in (("alice", "(alice) must differ from the plan job's requester (alice)"),
+                      (None, "(unknown: AWX passed no awx_user_name)")):
+        with pytest.raises(approvals.ApprovalRefused) as exc:
+            approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by=by, pinned=D1, distinct_approver=True)
+        assert "approvals.distinct_approver is set (cfg/_config.yml)" in str(exc.value) and shown in str(exc.value)
+    with pytest.raises(approvals.ApprovalRefused, match="a prompted run is both"):
+        approvals.approve(tree, "storage-aws-ebs", D2, method="prompt", require_receipt=False, distinct_approver=True)
+    assert approvals.receipts_of(tree, "storage-aws-ebs")[D1].get("approvals", []) == []
+    assert D2 not in approvals.receipts_of(tree, "storage-aws-ebs")
+
+
+def test_a_terminal_run_receipts_and_approves_its_own_plan_as_the_os_user(tree):
+    res = approvals.approve(tree, "identity-posix-groups", D1, method="auto-approve", require_receipt=False,
+                            summary="Plan: 2 to add, 0 to change, 0 to destroy", run_id="r1")
+    receipt = approvals.receipts_of(tree, "identity-posix-groups")[D1]
+    assert receipt["requested_by"] == approvals.os_user() == res["approval"]["approved_by"]
+    assert receipt["approvals"][0]["method"] == "auto-approve" and receipt["summary"].startswith("Plan: 2 to add")
+
+
+def test_receipts_are_kept_per_root_and_the_oldest_go_first(tree, monkeypatch):
+    stamps = iter("2026-12-01T00:%02d:00Z" % i for i in range(60))
+    monkeypatch.setattr(approvals, "now_iso", lambda: next(stamps))
+    digests = ["%064x" % i for i in range(approvals.KEEP + 3)]
+    for d in digests:
+        approvals.request(tree, "storage-aws-ebs", d, requested_by="alice")
+    kept = approvals.receipts_of(tree, "storage-aws-ebs")
+    assert set(kept) == set(digests[3:])
+
+
+def test_a_root_key_too_long_for_a_record_name_is_stored_under_a_hashed_name(tree):
+    key = "instance-image-" + "b" * 60
+    approvals.request(tree, key, D1, requested_by="alice")
+    assert approvals.receipt_key(key) != key and len(approvals.receipt_key(key)) <= 63
+    assert approvals.receipts_of(tree, key)[D1]["requested_by"] == "alice"
