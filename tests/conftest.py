@@ -130,6 +130,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_awx_runner.py",
     "tests/integration/test_molecule.py",
     "tests/integration/test_collection_artifact.py",
+    "tests/integration/test_workspace_e2e.py",
     "tests/integration/test_tfmodules_moto.py",
     "tests/integration/test_state_query.py",
     "tests/integration/test_gate_real_plan.py",

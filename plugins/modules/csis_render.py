@@ -233,6 +233,13 @@ approvals:
   returned: success
   type: dict
   sample: {"distinct_approver": false}
+workspace:
+  description:
+    - The tree's C(workspace:) settings (C(cfg/_config.yml)), with their defaults, the repository's userinfo
+      masked; null when the tree has no workspace. M(csis.infra.csis_workspace) reads the repository from the tree.
+  returned: success
+  type: dict
+  sample: {"repo": "https://***@git.example.org/platform/workspace.git", "require_merge": true, "main_branch": "main"}
 undeclared:
   description: The instances treated as undeclared in this run (O(undeclare)).
   returned: success
@@ -289,7 +296,7 @@ def main():
         module.warn(w)
     result = dict(changed=out["changed"], roots=out["roots"], tf_env=out["tf_env"], warnings_list=out["warnings"],
                   config_root=out["config_root"], undeclared=out["undeclared"], modules=out["modules"],
-                  approvals=out["approvals"])
+                  approvals=out["approvals"], workspace=out["workspace"])
     if module._diff:
         result["diff"] = [{"prepared": unified(d)} for d in out["diff"]]
     module.exit_json(**result)

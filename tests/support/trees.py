@@ -62,13 +62,14 @@ def read_meta(root: str, name: str) -> Any:
 
 
 def meta_files(root: str) -> dict:
-    """{path relative to meta-state/: bytes} of every meta-state record file (the lock files and the
-    audit trail, ``audit/`` and ``revision.yaml``, excluded)."""
+    """{path relative to meta-state/: bytes} of every meta-state record file (the lock files, the
+    audit trail, ``audit/`` and ``revision.yaml``, and the plan receipts excluded: history of who
+    asked for and approved which plan, which a refused run extends, not records of what exists)."""
     base = os.path.join(root, "meta-state")
     out = {}
     for dirpath, dirs, names in os.walk(base):
         if dirpath == base:  # the audit trail is history, not records (a refused run extends it)
-            dirs[:] = [x for x in dirs if x != "audit"]
+            dirs[:] = [x for x in dirs if x not in ("audit", "plan-receipts")]
             names = [n for n in names if n != "revision.yaml"]
         for n in sorted(names):
             if n.startswith(".") and n.endswith("lock"):

@@ -143,6 +143,23 @@ def combine_digests(files: Mapping[str, str]) -> str:
     return h.hexdigest()
 
 
+def own_files(project_path: str) -> Dict[str, str]:
+    """{relative path (posix): absolute path} of the root's own files, exactly as
+    :func:`root_files` selects them (the rendered files and ``.terraform.lock.hcl``; no run
+    output: plan files, bindings, local state, receipts, hidden files) but without the module
+    copies. The git workspace commits these files (``workspace.py``)."""
+    root = os.path.abspath(project_path)
+    if not os.path.isdir(root):
+        raise GateError("project_path %s is not a directory" % root)
+    return _walk_files(root)
+
+
+def rendered_digest(project_path: str) -> str:
+    """The rendered digest of a root: :func:`combine_digests` over :func:`own_files` (name and
+    sha256 of each). The git workspace compares it with what its main branch holds."""
+    return combine_digests({rel: sha256_file(full) for rel, full in own_files(project_path).items()})
+
+
 def root_digest(project_path: str, plan_file: Optional[str] = None) -> str:
     """sha256 over the sorted names and contents of :func:`root_files`."""
     return combine_digests(root_files(project_path, plan_file))

@@ -328,12 +328,39 @@ class ApprovalsSetting(Strict):
     distinct_approver: bool = False
 
 
+class WorkspaceSetting(Strict):
+    """``workspace:`` of cfg/_config.yml: the git workspace every rendered root is committed to
+    (docs/operations.md, "Git workspace: merge is approval"). Only cfg/_config.yml sets it."""
+    #: the workspace repository: a URL git understands, or a path (relative to the configuration root)
+    repo: str
+    #: the apply refuses a root whose rendered files differ from what main_branch holds
+    require_merge: bool = False
+    #: the branch a merge goes to (merge = approval)
+    main_branch: str = "main"
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not v.strip() or v.startswith("-") or any(c in v for c in "\0\n\r") or v.startswith("ext::"):
+            raise ValueError("repo %s: must be a git URL or a path (not empty, no leading '-', no newline, "
+                             "no ext:: transport)" % show(v))
+        return v
+
+    @field_validator("main_branch")
+    @classmethod
+    def _main(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*\Z", v) or ".." in v or "//" in v or v.endswith((".lock", "/", ".")):
+            raise ValueError("main_branch %s is not a plain branch name (letters, digits, '.', '_', '-', '/')" % show(v))
+        return v
+
+
 class ConfigFile(Strict):
     id: Optional[str] = None
     description: Optional[str] = None
     config: ConfigFlags = Field(default_factory=ConfigFlags)
     meta_state: Optional[MetaStateSetting] = None
     approvals: ApprovalsSetting = Field(default_factory=ApprovalsSetting)
+    workspace: Optional[WorkspaceSetting] = None
 
     _id = field_validator("id")(optional(check_name, "id"))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from ..apply.workspace import mask_url
 from ..config.validate import load_and_validate
 from ..errors import ConfigError, Problem
 from ..terraform import env_overrides
@@ -24,6 +25,7 @@ tfplan
 *.tfplan
 *.csis-binding.json
 unmount-receipts/
+.workspace/
 """
 
 
@@ -96,4 +98,8 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         "modules": modules,
         # cfg/_config.yml's approvals: (csis.infra.tofu_root's csis_approval task)
         "approvals": tree.config_file.approvals.model_dump(),
+        # cfg/_config.yml's workspace: (csis.infra.tofu_root's csis_workspace tasks); the module
+        # reads the repository from the tree itself: the one shown here is masked
+        "workspace": None if tree.config_file.workspace is None else dict(
+            tree.config_file.workspace.model_dump(), repo=mask_url(tree.config_file.workspace.repo)),
     }

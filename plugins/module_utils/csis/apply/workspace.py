@@ -1,0 +1,286 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The git workspace (``workspace:`` of cfg/_config.yml): merge is approval.
+
+* :func:`commit_root` (``csis_workspace state=committed``, after the gate) commits a root's
+  own files (:func:`.binding.own_files`: the rendered files, no run output) under
+  ``<lifecycle>/<builder>/`` on branch ``update_<root>`` (``delete_<root>`` when the plan
+  destroys anything), the gate's summary as the subject, the plan digest and the run id in
+  the body, and pushes the branch. The same files and summary make no new commit.
+* :func:`check_merged` (``state=merged``, before the approval) refuses a root whose rendered
+  digest (:func:`.binding.rendered_digest`) differs from what the main branch holds there.
+
+The git CLI, through :func:`_git` only: a timeout on every call, no prompt
+(``GIT_TERMINAL_PROMPT=0``), no ``ext::`` transport (a command line in disguise), no hooks.
+The repository URL is never stored in the clone's configuration (every fetch and push
+names it) and every message masks the userinfo of a URL (:func:`mask_url`).
+The local clone of each root is ``generated/.workspace/<root>/`` (run output).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ..config import models as m
+from ..config.loader import CONFIG_REL, read_yaml
+from ..errors import ConfigError, CsisError
+from . import binding
+
+WORKSPACE_DIR = os.path.join("generated", ".workspace")
+GIT_TIMEOUT = 300
+COMMITTER = ("csis.infra", "csis.infra@localhost")
+_REMOTE_REFS = "refs/remotes/origin/"
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@")
+_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+
+
+class WorkspaceError(CsisError):
+    """The workspace could not be used (bad name, git failed or timed out)."""
+
+
+class WorkspaceRefused(CsisError):
+    """The root's rendered files are not what the workspace's main branch holds (not approved)."""
+
+
+# ----------------------------------------------------------------------------- names
+def mask_url(text: str) -> str:
+    """``text`` with the userinfo of every URL in it (``https://user:token@host``) replaced by ``***``."""
+    return _URL_USERINFO.sub(r"\1***@", text)
+
+
+def _component(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _COMPONENT.match(value) or ".." in value or value.endswith((".lock", ".")):
+        raise WorkspaceError("%s %r cannot name a git branch or workspace folder (letters, digits, '.', '_', '-'; "
+                             "starting with a letter or digit)" % (what, value))
+    return value
+
+
+def branch_name(root: str, destroys: int = 0) -> str:
+    """``delete_<root>`` for a plan that destroys anything, else ``update_<root>``."""
+    return ("delete_" if destroys > 0 else "update_") + _component(root, "root")
+
+
+def workspace_path(lifecycle: str, builder: str) -> str:
+    """Where a root's files go in the workspace: ``<lifecycle>/<builder>``."""
+    return "%s/%s" % (_component(lifecycle, "lifecycle"), _component(builder, "builder"))
+
+
+def is_url(repo: str) -> bool:
+    """A URL (``scheme://...``) or scp-like address (``user@host:path``) rather than a local path."""
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", repo) or re.match(r"^[^/:]+@[^/:]+:", repo))
+
+
+def resolve_repo(repo: str, config_root: str) -> str:
+    """The repository git is given: a URL as is, a path relative to the configuration root made absolute."""
+    if is_url(repo):
+        return repo
+    return os.path.normpath(os.path.join(os.path.abspath(config_root), os.path.expanduser(repo)))
+
+
+def setting(config_root: str) -> Optional[m.WorkspaceSetting]:
+    """The tree's ``workspace:`` (cfg/_config.yml only: an overlay cannot set it), or None."""
+    problems: List[Any] = []
+    raw = read_yaml(os.path.join(os.path.abspath(config_root), CONFIG_REL), CONFIG_REL, problems, None)
+    if problems:
+        raise ConfigError(problems)
+    ws = (raw or {}).get("workspace")
+    if ws is None:
+        return None
+    return m.ConfigFile.model_validate({"workspace": ws}).workspace
+
+
+# ----------------------------------------------------------------------------- git
+def _git(args: Sequence[str], cwd: str, *, env: Optional[Mapping[str, str]] = None, data: Optional[bytes] = None,
+         check: bool = True, timeout: int = GIT_TIMEOUT) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE"):
+        full.pop(k, None)
+    full.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_ASKPASS": "",
+                 "SSH_ASKPASS": "", "GCM_INTERACTIVE": "never"})
+    full.update(env or {})
+    argv = ["git", "-c", "core.hooksPath=/dev/null", "-c", "protocol.ext.allow=never"] + list(args)
+    try:
+        res = subprocess.run(argv, cwd=cwd, env=full, input=data, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise WorkspaceError("git %s timed out after %ds" % (mask_url(" ".join(args[:2])), timeout))
+    except OSError as exc:
+        raise WorkspaceError("cannot run git: %s" % exc)
+    if check and res.returncode != 0:
+        err = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        shown = mask_url(" ".join(a for a in args if not a.startswith("+")))
+        raise WorkspaceError("git %s failed (exit %d): %s" % (shown, res.returncode, mask_url(" / ".join(err[-3:]))))
+    return res
+
+
+def _out(args: Sequence[str], cwd: str, **kw: Any) -> str:
+    return _git(args, cwd, **kw).stdout.decode("utf-8", "surrogateescape").strip()
+
+
+def _rev(clone: str, ref: str) -> Optional[str]:
+    res = _git(["rev-parse", "-q", "--verify", ref + "^{commit}"], clone, check=False)
+    return res.stdout.decode().strip() if res.returncode == 0 else None
+
+
+def _clone(config_root: str, root: str, url: str) -> str:
+    """``generated/.workspace/<root>/``: a repository holding the remote's branches as
+    ``origin/*`` (fetched now; the URL is not stored)."""
+    clone = os.path.join(os.path.abspath(config_root), WORKSPACE_DIR, _component(root, "root"))
+    if not os.path.isdir(os.path.join(clone, ".git")):
+        os.makedirs(clone, exist_ok=True)
+        _git(["init", "-q", clone], os.path.dirname(clone))
+    _git(["fetch", "-q", "--prune", "--no-tags", "--", url, "+refs/heads/*:" + _REMOTE_REFS + "*"], clone)
+    return clone
+
+
+def _subject(clone: str, commit: str) -> str:
+    return _out(["log", "-1", "--format=%s", commit], clone)
+
+
+def _tree_of(clone: str, commit: Optional[str]) -> Optional[str]:
+    return _out(["rev-parse", commit + "^{tree}"], clone) if commit else None
+
+
+def _build_tree(clone: str, base: Optional[str], prefix: str, files: Mapping[str, str]) -> str:
+    """The tree of ``base`` with ``prefix/`` replaced by ``files`` ({rel: absolute path})."""
+    index = os.path.join(clone, ".git", "csis-index")
+    if os.path.exists(index):
+        os.unlink(index)
+    env = {"GIT_INDEX_FILE": index}
+    try:
+        _git(["read-tree", base] if base else ["read-tree", "--empty"], clone, env=env)
+        _git(["rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", prefix], clone, env=env)
+        names = sorted(files)
+        for rel in names:
+            if any(c in rel for c in "\n\r\0\\"):
+                raise WorkspaceError("file name %r cannot go into the workspace" % rel)
+        if names:
+            blobs = _out(["hash-object", "-w", "--no-filters", "--stdin-paths"], clone,
+                         data="".join(files[r] + "\n" for r in names).encode("utf-8", "surrogateescape")).split()
+            info = "".join("%s %s\t%s/%s\n" % ("100755" if os.access(files[r], os.X_OK) else "100644", blob, prefix, r)
+                           for r, blob in zip(names, blobs))
+            _git(["update-index", "--add", "--index-info"], clone, env=env, data=info.encode("utf-8", "surrogateescape"))
+        return _out(["write-tree"], clone, env=env)
+    finally:
+        if os.path.exists(index):
+            os.unlink(index)
+
+
+def _author_config(clone: str) -> List[str]:
+    """``-c user.name/-c user.email`` when git has no identity configured."""
+    out: List[str] = []
+    for key, value in zip(("user.name", "user.email"), COMMITTER):
+        if _git(["config", "--get", key], clone, check=False).returncode != 0:
+            out += ["-c", "%s=%s" % (key, value)]
+    return out
+
+
+def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str = "", digest: str = "") -> str:
+    """The gate's summary as the subject; the root, the rendered digest, the plan digest and the run id in the body."""
+    subject = " ".join((summary or "").split()) or "%s: rendered root" % root
+    body = ["Root: %s" % root]
+    if digest:
+        body.append("Rendered digest: %s" % digest)
+    if plan_digest:
+        body.append("Plan digest: %s" % plan_digest)
+    if run_id:
+        body.append("Run: %s" % run_id)
+    return "%s\n\n%s\n" % (subject, "\n".join(body))
+
+
+# ----------------------------------------------------------------------------- the two states
+def commit_root(config_root: str, repo: str, *, root: str, lifecycle: str, builder: str, project_path: str,
+                destroys: int = 0, summary: str = "", plan_digest: str = "", run_id: str = "",
+                main_branch: str = "main", check_mode: bool = False) -> Dict[str, Any]:
+    """Commit the root's own files to its branch and push it (see the module docstring).
+
+    Returns ``branch``, ``path``, ``digest`` (rendered), ``committed`` (a new commit was made,
+    or would be in check mode), ``pushed``, ``commit`` (the branch's head afterwards; None in
+    check mode when a commit would be made) and ``message`` (one line)."""
+    branch = branch_name(root, destroys)
+    prefix = workspace_path(lifecycle, builder)
+    url = resolve_repo(repo, config_root)
+    files = binding.own_files(project_path)
+    digest = binding.rendered_digest(project_path)
+    clone = _clone(config_root, root, url)
+    head = _rev(clone, _REMOTE_REFS + branch)
+    main = _rev(clone, _REMOTE_REFS + main_branch)
+    base = head or main
+    tree = _build_tree(clone, base, prefix, files)
+    subject = commit_message(summary, root).split("\n", 1)[0]
+    out = dict(branch=branch, path=prefix + "/", digest=digest, repo=mask_url(url), committed=False, pushed=False,
+               commit=head)
+    if head and tree == _tree_of(clone, head) and _subject(clone, head) == subject:
+        out["message"] = "%s: branch %s already holds these files with this summary (no new commit)" % (root, branch)
+        return out
+    if not head and main and tree == _tree_of(clone, main):
+        out.update(commit=main, message="%s: %s of %s already holds these files (nothing to commit)"
+                   % (root, main_branch, mask_url(url)))
+        return out
+    out["committed"] = True
+    if check_mode:
+        out.update(commit=None, message="%s: would commit %s to branch %s of %s (%s) and push it"
+                   % (root, prefix + "/", branch, mask_url(url), subject))
+        return out
+    parents = ["-p", base] if base else []
+    commit = _out(_author_config(clone) + ["commit-tree", tree] + parents + ["-F", "-"], clone,
+                  data=commit_message(summary, root, plan_digest, run_id, digest).encode("utf-8"))
+    _git(["push", "-q", "--", url, "%s:refs/heads/%s" % (commit, branch)], clone)
+    _git(["update-ref", _REMOTE_REFS + branch, commit], clone)
+    out.update(commit=commit, pushed=True, message="%s: committed %s to branch %s of %s (%s) and pushed it"
+               % (root, prefix + "/", branch, mask_url(url), subject))
+    return out
+
+
+def _digest_at(clone: str, commit: str, prefix: str) -> Optional[str]:
+    """The rendered digest of ``prefix/`` in ``commit`` (None when it holds no such folder): its
+    files are written to a scratch folder and hashed by :func:`.binding.rendered_digest`."""
+    raw = _git(["ls-tree", "-r", "-z", "--full-tree", commit, "--", prefix + "/"], clone).stdout
+    entries = [e for e in raw.decode("utf-8", "surrogateescape").split("\0") if e]
+    if not entries:
+        return None
+    scratch = tempfile.mkdtemp(prefix="csis-merged-", dir=os.path.join(clone, ".git"))
+    try:
+        for e in entries:
+            meta, path = e.split("\t", 1)
+            mode, kind, sha = meta.split()
+            if kind != "blob" or not path.startswith(prefix + "/"):
+                continue
+            rel = path[len(prefix) + 1:]
+            if ".." in rel.split("/"):
+                continue
+            dst = os.path.join(scratch, *rel.split("/"))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with open(dst, "wb") as fh:
+                fh.write(_git(["cat-file", "blob", sha], clone).stdout)
+        return binding.rendered_digest(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def check_merged(config_root: str, repo: str, *, root: str, lifecycle: str, builder: str, project_path: str,
+                 destroys: int = 0, main_branch: str = "main") -> Dict[str, Any]:
+    """Refuse (:class:`WorkspaceRefused`, one line naming the root, the branch to merge and the
+    repository) unless ``main_branch`` holds exactly the root's rendered files under
+    ``<lifecycle>/<builder>/``. Returns ``digest``, ``main_commit``, ``path``, ``branch``."""
+    branch = branch_name(root, destroys)
+    prefix = workspace_path(lifecycle, builder)
+    url = resolve_repo(repo, config_root)
+    want = binding.rendered_digest(project_path)
+    clone = _clone(config_root, root, url)
+    main = _rev(clone, _REMOTE_REFS + main_branch)
+    have = _digest_at(clone, main, prefix) if main else None
+    if have != want:
+        found = ("there is no branch %s" % main_branch if not main else
+                 "%s holds no %s/" % (main_branch, prefix) if have is None else
+                 "%s holds %s/ with digest %s" % (main_branch, prefix, have[:12]))
+        raise WorkspaceRefused("%s: not approved in the git workspace: the rendered root (digest %s) is not merged "
+                               "(%s); merge branch %s into %s of %s, then run again"
+                               % (root, want[:12], found, branch, main_branch, mask_url(url)))
+    return dict(branch=branch, path=prefix + "/", digest=want, main_commit=main, repo=mask_url(url),
+                message="%s: %s of %s holds the rendered root (digest %s): approved by merge"
+                % (root, main_branch, mask_url(url), want[:12]))

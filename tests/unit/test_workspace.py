@@ -1,0 +1,238 @@
+# -*- coding: utf-8 -*-
+"""The git workspace (plugins/module_utils/csis/apply/workspace.py) with real git: a bare
+repository in tmp as the remote, merges made with git itself in a clone of it."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import binding
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import workspace as ws
+from ansible_collections.csis.infra.plugins.module_utils.csis.config import models as m
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+ROOT = "storage-aws-ebs"
+ADD = "Plan: 1 to add, 0 to change, 0 to destroy"
+WHERE = dict(root=ROOT, lifecycle="storage", builder="aws-ebs")
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git(*args, cwd):
+    env = dict(os.environ, **GIT_ENV)
+    return subprocess.run(["git"] + list(args), cwd=cwd, env=env, check=True, capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+@pytest.fixture()
+def env(tmp_path):
+    """A tree (cfg/_config.yml with workspace:), a rendered root with run output beside its
+    files, and a bare repository whose main branch holds a README."""
+    bare = tmp_path / "ws.git"
+    git("init", "-q", "--bare", str(bare), cwd=str(tmp_path))
+    seed = tmp_path / "seed"
+    git("clone", "-q", str(bare), str(seed), cwd=str(tmp_path))
+    write(str(seed / "README.md"), "the workspace\n")
+    git("add", "README.md", cwd=str(seed))
+    git("commit", "-q", "-m", "start", cwd=str(seed))
+    git("push", "-q", "origin", "HEAD:refs/heads/main", cwd=str(seed))
+    tree = tmp_path / "tree"
+    write(str(tree / "cfg" / "_config.yml"), "config: {}\nworkspace:\n  repo: ../ws.git\n  require_merge: true\n")
+    proj = tree / "generated" / "storage" / "aws-ebs" / "storage-generation"
+    write(str(proj / "main.tf"), 'resource "aws_ebs_volume" "this" {\n  size = 100\n}\n')
+    write(str(proj / "backend.tfbackend.hcl"), 'bucket = "b"\n')
+    write(str(proj / ".terraform.lock.hcl"), "# lock\n")
+    # run output: never committed, never part of the rendered digest
+    write(str(proj / "tfplan"), "plan bytes")
+    write(str(proj / "tfplan.csis-binding.json"), "{}")
+    write(str(proj / ".terraform" / "terraform.tfstate"), "{}")
+    write(str(proj / "unmount-receipts" / "i__s.json"), "{}")
+    write(str(proj / ".apply.log"), "log")
+    return dict(tmp=tmp_path, bare=str(bare), tree=str(tree), proj=str(proj), repo="../ws.git")
+
+
+def commit(e, summary=ADD, destroys=0, **kw):
+    return ws.commit_root(e["tree"], e["repo"], project_path=e["proj"], summary=summary, destroys=destroys,
+                          plan_digest=kw.pop("plan_digest", "d" * 64), run_id=kw.pop("run_id", "run-1"), **WHERE, **kw)
+
+
+def merged(e, destroys=0):
+    return ws.check_merged(e["tree"], e["repo"], project_path=e["proj"], destroys=destroys, **WHERE)
+
+
+def bare_ref(e, branch):
+    res = subprocess.run(["git", "rev-parse", "-q", "--verify", "refs/heads/" + branch], cwd=e["bare"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def merge_in_clone(e, branch):
+    """What a reviewer does: merge the root's branch into main with git, push main."""
+    clone = str(e["tmp"] / ("merge-" + branch))
+    git("clone", "-q", "-b", "main", e["bare"], clone, cwd=str(e["tmp"]))
+    git("merge", "-q", "--no-ff", "-m", "merge " + branch, "origin/" + branch, cwd=clone)
+    git("push", "-q", "origin", "main", cwd=clone)
+
+
+# ------------------------------------------------------------------ names
+def test_branch_names_follow_the_plan_and_refuse_what_git_refs_cannot_hold():
+    assert ws.branch_name(ROOT) == "update_storage-aws-ebs"
+    assert ws.branch_name(ROOT, destroys=2) == "delete_storage-aws-ebs"
+    assert ws.workspace_path("storage", "aws-ebs") == "storage/aws-ebs"
+    for bad in ("", "a b", "-x", "x..y", "x.lock", "a/b", "x~1", "x^", "x:y", "x@{1}", ".hidden", "x\n"):
+        with pytest.raises(ws.WorkspaceError, match="cannot name a git branch"):
+            ws.branch_name(bad)
+    with pytest.raises(ws.WorkspaceError):
+        ws.workspace_path("storage", "../etc")
+    for good in ("update_" + ROOT, "delete_" + ROOT):
+        subprocess.run(["git", "check-ref-format", "refs/heads/" + good], check=True, timeout=60)
+
+
+def test_urls_are_masked_and_paths_resolved_from_the_config_root(tmp_path):
+    assert ws.mask_url("fetch https://bob:s3cr3t@git.example.org/ws.git failed") == \
+        "fetch https://***@git.example.org/ws.git failed"
+    assert ws.mask_url("ssh://tok@h/x and https://h/y") == "ssh://***@h/x and https://h/y"
+    assert ws.mask_url("git@github.com:org/ws.git") == "git@github.com:org/ws.git"  # a user name, no secret
+    assert ws.resolve_repo("../ws.git", str(tmp_path / "tree")) == str(tmp_path / "ws.git")
+    assert ws.resolve_repo("git@github.com:org/ws.git", "/x") == "git@github.com:org/ws.git"
+    assert ws.resolve_repo("https://h/ws.git", "/x") == "https://h/ws.git"
+
+
+def test_a_failing_remote_never_shows_its_credentials(tmp_path):
+    tree = tmp_path / "tree"
+    proj = tmp_path / "root"
+    write(str(proj / "main.tf"), "# x\n")
+    with pytest.raises(ws.WorkspaceError) as err:
+        ws.commit_root(str(tree), "http://bob:s3cr3t@127.0.0.1:9/ws.git", project_path=str(proj), summary=ADD, **WHERE)
+    text = str(err.value)
+    assert "s3cr3t" not in text and "bob" not in text
+    assert text.startswith("git fetch") and "http://***@127.0.0.1:9/ws.git" in text
+    # the URL is not stored in the clone either
+    with open(os.path.join(str(tree), "generated", ".workspace", ROOT, ".git", "config"), encoding="utf-8") as fh:
+        assert "s3cr3t" not in fh.read()
+
+
+def test_the_setting_is_strict():
+    assert m.ConfigFile.model_validate({"workspace": {"repo": "x.git"}}).workspace.require_merge is False
+    for bad in ({"repo": ""}, {"repo": "--upload-pack=touch /tmp/p"}, {"repo": "ext::sh -c x"},
+                {"repo": "x", "require_merg": True}, {"repo": "x", "main_branch": "a..b"}, {}):
+        with pytest.raises(ValueError):
+            m.ConfigFile.model_validate({"workspace": bad})
+
+
+# ------------------------------------------------------------------ commit
+def test_the_root_is_committed_on_its_branch_with_the_summary_and_pushed(env):
+    e = env
+    assert ws.setting(e["tree"]).require_merge is True
+    res = commit(e)
+    assert res["committed"] and res["pushed"] and res["branch"] == "update_storage-aws-ebs"
+    assert res["repo"] == e["bare"] and res["path"] == "storage/aws-ebs/"
+    head = bare_ref(e, "update_storage-aws-ebs")
+    assert head == res["commit"]
+    assert git("log", "-1", "--format=%s", head, cwd=e["bare"]) == ADD
+    body = git("log", "-1", "--format=%b", head, cwd=e["bare"])
+    assert "Plan digest: " + "d" * 64 in body and "Run: run-1" in body and "Root: " + ROOT in body
+    # the files: the rendered ones and the lock file, no run output; main's README kept (the branch starts at main)
+    files = git("ls-tree", "-r", "--name-only", head, cwd=e["bare"]).splitlines()
+    assert files == ["README.md", "storage/aws-ebs/.terraform.lock.hcl", "storage/aws-ebs/backend.tfbackend.hcl",
+                     "storage/aws-ebs/main.tf"]
+    assert git("rev-parse", head + "^", cwd=e["bare"]) == bare_ref(e, "main")
+    assert git("show", head + ":storage/aws-ebs/main.tf", cwd=e["bare"]) == \
+        'resource "aws_ebs_volume" "this" {\n  size = 100\n}'
+    assert res["digest"] == binding.rendered_digest(e["proj"])
+    # the local clone is run output under generated/.workspace/
+    assert os.path.isdir(os.path.join(e["tree"], "generated", ".workspace", ROOT, ".git"))
+
+
+def test_the_same_files_and_summary_make_no_new_commit(env):
+    e = env
+    first = commit(e, run_id="run-1")
+    again = commit(e, run_id="run-2", plan_digest="e" * 64)
+    assert not again["committed"] and not again["pushed"] and again["commit"] == first["commit"]
+    assert bare_ref(e, "update_storage-aws-ebs") == first["commit"]
+    assert "no new commit" in again["message"]
+    # another summary: a new commit on top
+    other = commit(e, summary="Plan: 1 to add, 1 to change, 0 to destroy")
+    assert other["committed"] and git("rev-parse", other["commit"] + "^", cwd=e["bare"]) == first["commit"]
+    # another file content: a new commit on top
+    write(os.path.join(e["proj"], "main.tf"), 'resource "aws_ebs_volume" "this" {\n  size = 200\n}\n')
+    changed = commit(e, summary="Plan: 1 to add, 1 to change, 0 to destroy")
+    assert changed["committed"] and bare_ref(e, "update_storage-aws-ebs") == changed["commit"]
+    diff = git("diff", "--name-only", other["commit"], changed["commit"], cwd=e["bare"]).splitlines()
+    assert diff == ["storage/aws-ebs/main.tf"]
+
+
+def test_a_plan_that_destroys_goes_to_the_delete_branch(env):
+    res = commit(env, summary="Plan: 0 to add, 0 to change, 1 to destroy", destroys=1)
+    assert res["branch"] == "delete_storage-aws-ebs" and bare_ref(env, "delete_storage-aws-ebs") == res["commit"]
+    assert bare_ref(env, "update_storage-aws-ebs") is None
+
+
+def test_check_mode_reports_and_pushes_nothing(env):
+    res = commit(env, check_mode=True)
+    assert res["committed"] and not res["pushed"] and res["commit"] is None
+    assert res["message"].startswith("storage-aws-ebs: would commit storage/aws-ebs/ to branch update_storage-aws-ebs")
+    assert bare_ref(env, "update_storage-aws-ebs") is None
+
+
+# ------------------------------------------------------------------ merge = approval
+def test_only_what_is_merged_on_main_is_approved(env):
+    e = env
+    commit(e)
+    with pytest.raises(ws.WorkspaceRefused) as err:
+        merged(e)
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith("storage-aws-ebs: not approved in the git workspace")
+    assert "main holds no storage/aws-ebs/" in text
+    assert "merge branch update_storage-aws-ebs into main of %s" % e["bare"] in text
+
+    merge_in_clone(e, "update_storage-aws-ebs")
+    ok = merged(e)
+    assert ok["digest"] == binding.rendered_digest(e["proj"]) and ok["main_commit"] == bare_ref(e, "main")
+    assert "approved by merge" in ok["message"]
+
+    # run output beside the root changes nothing; a changed rendered file is no longer approved
+    write(os.path.join(e["proj"], "tfplan"), "another plan")
+    assert merged(e)["digest"] == ok["digest"]
+    write(os.path.join(e["proj"], "main.tf"), 'resource "aws_ebs_volume" "this" {\n  size = 300\n}\n')
+    with pytest.raises(ws.WorkspaceRefused, match=r"main holds storage/aws-ebs/ with digest %s\)" % ok["digest"][:12]):
+        merged(e)
+    # the destroy case names the delete branch
+    with pytest.raises(ws.WorkspaceRefused, match="merge branch delete_storage-aws-ebs into main"):
+        merged(e, destroys=1)
+
+
+def test_a_workspace_without_a_main_branch_approves_nothing(tmp_path):
+    bare = tmp_path / "empty.git"
+    git("init", "-q", "--bare", str(bare), cwd=str(tmp_path))
+    proj = tmp_path / "root"
+    write(str(proj / "main.tf"), "# x\n")
+    res = ws.commit_root(str(tmp_path / "tree"), str(bare), project_path=str(proj), summary=ADD, **WHERE)
+    assert res["pushed"] and git("ls-tree", "-r", "--name-only", res["commit"], cwd=str(bare)) == "storage/aws-ebs/main.tf"
+    with pytest.raises(ws.WorkspaceRefused, match=r"\(there is no branch main\)"):
+        ws.check_merged(str(tmp_path / "tree"), str(bare), project_path=str(proj), **WHERE)
+
+
+# ------------------------------------------------------------------ the render result
+def test_render_hands_the_roots_the_workspace_settings_with_the_repository_masked(tmp_path):
+    import render_trees as rt  # tests/support (on sys.path: tests/conftest.py)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline
+
+    root = rt.copy_tree("examples", str(tmp_path))
+    assert pipeline.render(root, ["storage"], dry_run=True, prepare=False)["workspace"] is None
+    with open(os.path.join(root, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
+        fh.write("workspace:\n  repo: https://bot:s3cr3t@git.example.org/ws.git\n  require_merge: true\n")
+    res = pipeline.render(root, ["storage"], dry_run=True, prepare=False)
+    assert res["workspace"] == {"repo": "https://***@git.example.org/ws.git", "require_merge": True, "main_branch": "main"}
+    assert ws.setting(root).repo == "https://bot:s3cr3t@git.example.org/ws.git"
