@@ -210,6 +210,24 @@ plan_digest:
     - Equal digests mean the same changes; an AWX apply job compares it with the digest its plan job published.
   returned: when the plan was read
   type: str
+change_lines:
+  description:
+    - What the approver reads - every touched address with its action, then the attributes it sets or changes
+      (values terraform marks sensitive, and secret-shaped ones, as C((sensitive value)); values known only after
+      the apply as C((known after apply))). At most 400 lines; the last one says how many were left out.
+  returned: when the plan was read
+  type: list
+  elements: str
+  sample: ["+ module.storage_mnt_data.aws_ebs_volume.this: create", "    size = 100"]
+resource_changes:
+  description:
+    - Every touched address, its action (C(create), C(update), C(delete), C(replace), C(forget)), terraform's
+      actions and its changed attributes (C(name), C(before), C(after) as shown text, masked like RV(change_lines)).
+    - An AWX plan job publishes it as the C(csis_plan_changes) artifact.
+  returned: when the plan was read
+  type: list
+  elements: dict
+  sample: [{"address": "aws_ebs_volume.v", "action": "create", "actions": ["create"], "attributes": [{"name": "size", "before": "", "after": "8"}]}]
 show_skipped:
   description:
     - True when C(show -json) was not run because M(csis.infra.csis_plan) recorded that terraform called

@@ -134,7 +134,7 @@ def approve(config_root: str, root_key: str, digest: str, *, method: str, approv
                               % (root_key, pinned or "none approved", digest))
     approver = approved_by or os_user()
     ms = MetaState(config_root)
-    where = where_of(config_root, root_key)
+    where = ms.objects.label(record_object(RECEIPTS, receipt_key(root_key)))
     approval = {"approved_by": approver, "approved_at": now_iso(), "method": method, "apply_job": job,
                 "workflow": workflow, "run": run_id}
     approval = {k: v for k, v in approval.items() if v not in (None, "")}

@@ -535,18 +535,13 @@ class SshSession(Strict):
     def _path(cls, v: Optional[str], info: Any) -> Optional[str]:
         return None if v is None else check_ssh_path(v, info.field_name)
 
-    @field_validator("port")
+    @field_validator("port", "connect_timeout")
     @classmethod
-    def _port(cls, v: int) -> int:
-        if not 1 <= v <= 65535:
-            raise ValueError("port %d is not a TCP port (1-65535)" % v)
-        return v
-
-    @field_validator("connect_timeout")
-    @classmethod
-    def _ct(cls, v: int) -> int:
-        if not 1 <= v <= 300:
-            raise ValueError("connect_timeout %d must be 1-300 seconds" % v)
+    def _range(cls, v: int, info: Any) -> int:
+        low, high, what = {"port": (1, 65535, "is not a TCP port (1-65535)"),
+                           "connect_timeout": (1, 300, "must be 1-300 seconds")}[info.field_name]
+        if not low <= v <= high:
+            raise ValueError("%s %d %s" % (info.field_name, v, what))
         return v
 
 
