@@ -450,6 +450,36 @@ class Validation:
                         "storage '%s' cannot move %s -> destroyed while attached by %s (detach in one run, transition in the next; N21)"
                         % (name, rec.get("state"), _names(attached))))
 
+    def destroy_rules(self) -> None:
+        """Destroy rules (issue 15): what launched instances still use cannot be undeclared. A
+        runtime with launched instances, and an identity group a launched instance runs as (its
+        image's owning group, recorded in its launch parameters), stay declared until the
+        instances are decommissioned. (Storages: :meth:`state_machine`, N21.) Declared users of
+        an undeclared group are reported where they name it (:meth:`references`)."""
+        t = self.t
+        if self.meta.get("launch-params.yaml") is None:
+            return  # the meta-state file did not load; its problem is reported
+        on_runtime: Dict[str, Set[str]] = {}
+        as_group: Dict[str, Set[str]] = {}
+        for name, rec in self.launched_records().items():
+            rt = rec.get("runtime")
+            if isinstance(rt, str) and rt and t.runtime(rt) is None and t.dangling("runtime", rt):
+                on_runtime.setdefault(rt, set()).add(name)
+            g = rec.get("group")
+            if isinstance(g, str) and g and g not in t.groups and t.dangling("group", g):
+                as_group.setdefault(g, set()).add(name)
+        for rt, users in sorted(on_runtime.items()):
+            self.problems.append(Problem(
+                "cfg/runtime-builders.yml", "runtime_builders (%s)" % rt,
+                "runtime '%s' cannot be undeclared while launched instances %s run on it (meta-state/launch-params.yaml): "
+                "decommission them first (undeclare them and run playbooks/instance_image.yml, or "
+                "playbooks/destroy_environment.yml), then remove the runtime" % (rt, _names(users))))
+        for g, users in sorted(as_group.items()):
+            self.problems.append(Problem(
+                "groups/*.y*ml", "groups (%s)" % g,
+                "group '%s' cannot be undeclared (its identity root would destroy it) while launched instances %s run "
+                "as it (meta-state/launch-params.yaml): decommission them first, then remove the group" % (g, _names(users))))
+
     def policies(self) -> None:
         for inst in self.t.instances.values():
             if inst.image_policy not in ("pinned", "follow"):
@@ -671,6 +701,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.cardinality()
     v.lifecycles()
     v.state_machine()
+    v.destroy_rules()
     v.policies()
     v.zones()
     v.remote_state_needs()
