@@ -16,6 +16,9 @@ description:
   - Writes through a meta-state transaction (lock, atomic replace), never by editing files.
   - Looks the recorded resource up first, by its recorded id, and refuses to forget something that still exists at
     the endpoint, or whose existence cannot be checked (endpoint down, permission refused), unless I(confirm) is true.
+  - Destroy before delete. A storage recorded C(destroyed) is forgotten without a lookup. A record that still says the
+    thing exists (a launched instance, a storage recorded C(active) or C(archived)) is forgotten only with I(force)
+    (the endpoint shows it gone) or I(confirm).
   - Terraform state is not touched.
 extends_documentation_fragment:
   - csis.infra.controller.tree
@@ -31,6 +34,14 @@ options:
     description: Forget even though the resource still exists (or its existence cannot be checked).
     type: bool
     default: false
+  force:
+    description:
+      - Forget a record that is not C(destroyed) (a launched instance, a storage recorded C(active) or C(archived))
+        whose resource the endpoint shows gone (the record of a thing destroyed outside the system).
+      - Not needed for a storage recorded C(destroyed). Does not override the refusal for a resource that still
+        exists (that is I(confirm)).
+    type: bool
+    default: false
   run:
     description: The run id recorded in the history.
     type: str
@@ -44,6 +55,7 @@ EXAMPLES = r"""
   csis.infra.csis_forget:
     config_root: examples
     storage: mnt_data
+    force: true
 """
 
 RETURN = r"""
@@ -59,13 +71,15 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import f
 
 def _forget(module, p):
     fn, name = (forget_instance, p["instance"]) if p["instance"] else (forget_storage, p["storage"])
-    res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"], check=module.check_mode)
+    res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"], check=module.check_mode,
+             force=p["force"])
     return dict(changed=bool(res["written"]) or module.check_mode, result=res)
 
 
 def main():
     run_module(_forget, argument_spec(CONFIG_ARGS, instance=dict(type="str"), storage=dict(type="str"),
-                                      confirm=dict(type="bool", default=False), run=dict(type="str")),
+                                      confirm=dict(type="bool", default=False), force=dict(type="bool", default=False),
+                                      run=dict(type="str")),
                requires=("PyYAML", "pydantic"), required_one_of=[("instance", "storage")],
                mutually_exclusive=[("instance", "storage")], supports_check_mode=True)
 

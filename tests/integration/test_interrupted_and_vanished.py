@@ -161,14 +161,14 @@ def test_vanished_volume_is_not_recreated_empty(tree, moto_endpoint):
     assert run.rc != 0
     line = "missing  storage  p1: recorded active but not found in reality (volume %s) [HARD]" % gone
     assert line in run.out, run.tail()
-    assert "playbooks/forget.yml -e forget_storage=p1" in run.out
+    assert "playbooks/forget.yml -e forget_storage=p1 -e force=true" in run.out
     assert "Plan to a plan file" not in run.out
     assert all_volume_ids(ep) == vols                         # nothing created
     assert e2e.meta_state_digest(tree.root) == before         # nothing recorded
 
     # the operator says "gone for good": forget, then the next run creates and records a new volume
     forget = e2e.run_playbook("forget.yml", tree.root, ep.env, overlays=[ep.overlay_path],
-                              extra_vars={"forget_storage": "p1"}, log=tree.log("forget.log"))
+                              extra_vars={"forget_storage": "p1", "force": True}, log=tree.log("forget.log"))
     assert forget.rc == 0, forget.tail()
     again = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("recreated.log"))
     assert again.rc == 0, again.tail()

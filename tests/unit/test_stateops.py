@@ -55,7 +55,13 @@ def ms(root, name):
 
 
 def test_forget_storage_whose_volume_is_gone(root):
-    res = so.forget_storage(root, "mnt_data", run="r1", factory=fake(describe_volumes=Err("InvalidVolume.NotFound")))
+    gone = fake(describe_volumes=Err("InvalidVolume.NotFound"))
+    # destroy before delete: a record that is not destroyed needs the operator's force
+    with pytest.raises(so.StateOpError, match=r"storage 'mnt_data' is recorded active, not destroyed \(at the endpoint: "
+                                              r"volume vol-0aaaaaaaaaaaaaaaa is gone\).*pass force=true"):
+        so.forget_storage(root, "mnt_data", run="r1", factory=gone)
+    assert "mnt_data" in ms(root, "storage-state.yaml")["storages"]
+    res = so.forget_storage(root, "mnt_data", run="r1", factory=gone, force=True)
     assert res["checked"] == "volume vol-0aaaaaaaaaaaaaaaa is gone" and res["mounted_by"] == ["test2"]
     assert "storage-state.yaml" in res["written"]
     assert ms(root, "storage-state.yaml")["storages"] == {}
@@ -68,10 +74,22 @@ def test_forget_storage_refuses_while_it_exists_or_cannot_be_checked(root):
     with pytest.raises(so.StateOpError, match="cannot tell whether.*REFUSED \\(UnauthorizedOperation\\)"):
         so.forget_storage(root, "mnt_data", factory=fake(describe_volumes=Err("UnauthorizedOperation")))
     assert "mnt_data" in ms(root, "storage-state.yaml")["storages"]
+    with pytest.raises(so.StateOpError, match="still exists.*confirm=true"):
+        so.forget_storage(root, "mnt_data", factory=present, force=True)  # force is for things that are gone
     so.forget_storage(root, "mnt_data", confirm=True, factory=present)
     assert ms(root, "storage-state.yaml")["storages"] == {}
     with pytest.raises(so.StateOpError, match="nothing is recorded"):
         so.forget_storage(root, "mnt_data", factory=present)
+
+
+def test_forget_a_destroyed_storage_needs_no_word_and_no_lookup(root):
+    with MetaState(root).transaction("test") as txn:
+        data = txn.load("storage-state.yaml")
+        data["storages"]["mnt_data"]["state"] = "destroyed"
+        txn.save("storage-state.yaml", data)
+    res = so.forget_storage(root, "mnt_data", run="r1", factory=fake())  # any AWS call would fail (no handler)
+    assert res["was"] == "destroyed" and res["checked"] == "not looked up"
+    assert ms(root, "storage-state.yaml")["storages"] == {}
 
 
 def test_forget_instance(root):
@@ -81,8 +99,12 @@ def test_forget_instance(root):
         so.forget_instance(root, "test2", factory=running)
     assert so.forget_instance(root, "test2", check=True, confirm=True, factory=running)["written"] == []
     assert "test2" in ms(root, "launch-params.yaml")["instances"]
-    res = so.forget_instance(root, "test2", run="r2", factory=fake(describe_instances={"Reservations": [{"Instances": [
-        {"InstanceId": "i-0aaa", "State": {"Name": "terminated"}}]}]}))
+    terminated = fake(describe_instances={"Reservations": [{"Instances": [
+        {"InstanceId": "i-0aaa", "State": {"Name": "terminated"}}]}]})
+    with pytest.raises(so.StateOpError, match=r"instance 'test2' is recorded launched, not destroyed \(at the endpoint: "
+                                              r"i-0aaa is gone \(terminated\)\).*force=true"):
+        so.forget_instance(root, "test2", run="r2", factory=terminated)
+    res = so.forget_instance(root, "test2", run="r2", factory=terminated, force=True)
     assert res["checked"] == "i-0aaa is gone (terminated)"
     assert ms(root, "launch-params.yaml")["instances"] == {}
     pins = ms(root, "pins.yaml")

@@ -13,6 +13,13 @@ Every change goes through a :meth:`MetaState.transaction` (lock, atomic replace)
   (or when that cannot be checked) unless ``confirm`` is true.
 * :func:`forget_storage` drops a storage's ``storage-state.yaml`` record, with the same
   refusal for a storage whose resource still exists.
+
+Destroy before delete: a record is deleted once what it records is destroyed. A storage
+recorded ``destroyed`` is forgotten as it is (no lookup). A record that still says the
+thing exists (a launched instance, a storage recorded ``active`` or ``archived``) is
+forgotten only on the operator's word: ``force`` when the endpoint shows it gone (the
+record of a thing destroyed behind the system's back), ``confirm`` when it still exists or
+cannot be checked (it becomes foreign). :func:`not_destroyed` words the refusal.
 * :func:`import_storage` records a declared storage as ``active`` with the facts of an
   existing resource (volume, filesystem, bucket), after checking the id at the endpoint.
 
@@ -20,15 +27,19 @@ Neither touches terraform state: see docs/drift.md.
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Dict, Optional
 
+from .. import terraform
+from ..apply.statelock import check_and_release
 from ..aws import ClientFactory, Endpoint, tree_access
 from ..clock import now
 from ..config.loader import load_tree
-from ..config.models import archive_snapshot_name
+from ..config.models import archive_snapshot_name, label
 from ..config.validate import read_meta
 from ..errors import CsisError
+from ..render.plan import root_dir
 from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
@@ -55,6 +66,14 @@ def _load(config_root: str, overlays: Any) -> Any:
     return tree, meta
 
 
+def not_destroyed(what: str, recorded: str, checked: str) -> StateOpError:
+    """The refusal to forget a record that is not destroyed (destroy before delete)."""
+    return StateOpError("%s is recorded %s, not destroyed (at the endpoint: %s). Destroy before delete: a record is "
+                        "deleted once what it records is destroyed (through its lifecycle, or "
+                        "playbooks/destroy_environment.yml); if it is gone for good, pass force=true to forget the "
+                        "record of a thing that is gone" % (what, recorded, checked))
+
+
 def _endpoint(tree: Any, runtime: Optional[str], factory: Optional[ClientFactory]) -> Endpoint:
     if runtime is None or runtime not in tree.runtimes:
         raise StateOpError("runtime %r is not declared: cannot reach its endpoint" % (runtime,))
@@ -63,7 +82,7 @@ def _endpoint(tree: Any, runtime: Optional[str], factory: Optional[ClientFactory
 
 # --------------------------------------------------------------------------- forget
 def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
-                    check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+                    check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     lps = meta["launch-params.yaml"]["instances"]
     iss = meta["instance-state.yaml"]["instances"]
@@ -95,6 +114,9 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
             checked = "%s still exists (%s); forgotten on confirm" % (iid, obs.get("state"))
         else:
             checked = "%s is gone%s" % (iid, " (%s)" % obs["state"] if obs.get("state") else "")
+    live = bool((lps.get(name) or {}).get("launched")) or bool((iss.get(name) or {}).get("current"))
+    if live and not (force or confirm):
+        raise not_destroyed("instance '%s'" % name, "launched", checked)
     run = run or run_id()
     result = {"instance": name, "instance_id": iid, "checked": checked, "written": []}
     if check:
@@ -108,7 +130,7 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
 
 
 def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
-                   check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+                   check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     recs = meta["storage-state.yaml"]["storages"]
     if name not in recs:
@@ -134,6 +156,8 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
             checked = "%s %s still exists; forgotten on confirm" % (obs.get("what"), obs.get("id"))
         elif obs:
             checked = "%s %s is gone" % (obs.get("what"), obs.get("id"))
+    if recs[name].get("state") != "destroyed" and not (force or confirm):
+        raise not_destroyed("storage '%s'" % name, recs[name].get("state"), checked)
     mounted = sorted(n for n, r in meta["launch-params.yaml"]["instances"].items()
                      if r.get("launched") and any(m.get("storage") == name for m in r.get("mounts") or []))
     run = run or run_id()
@@ -151,6 +175,44 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
 
 
 # --------------------------------------------------------------------------- import
+_TF_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this", "s3": "aws_s3_bucket.this"}
+
+
+def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool) -> str:
+    """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
+    next storage run manages the imported resource instead of planning its create (which the gate
+    refuses for a recorded storage). Only a rendered, initialised root is touched; a root never
+    rendered is left to its first run (which then plans the create: see docs/drift.md)."""
+    directory = os.path.join(tree.root, root_dir("storage", builder.name))
+    address = "module.storage_%s.%s" % (label(name), _TF_RESOURCE[stype])
+    if not os.path.isdir(os.path.join(directory, ".terraform")):
+        return "terraform state not touched: %s is not rendered and initialised yet" % directory
+    ex = tree.executables.get(builder.executable or "")
+    binary = ex.binary if ex else "terraform"
+    try:
+        state = terraform.state_pull(directory, binary)
+    except terraform.TerraformError as exc:
+        raise StateOpError("storage '%s': cannot read the terraform state of %s: %s" % (name, directory, exc)) from exc
+    held = [i.get("attributes", {}).get("id") for r in state.get("resources") or []
+            if r.get("mode") == "managed" and "%s.%s.%s" % (r.get("module"), r.get("type"), r.get("name")) == address
+            for i in r.get("instances") or []]
+    if held == [storage_id]:
+        return "terraform state already holds %s as %s" % (storage_id, address)
+    if held:
+        raise StateOpError("storage '%s': the terraform state of %s holds %s as %s, not %s: remove it first "
+                           "(%s -chdir=%s state rm %s) if that resource is gone"
+                           % (name, directory, ", ".join(str(h) for h in held), address, storage_id,
+                              binary, directory, address))
+    if check:
+        return "would import %s into the terraform state of %s as %s" % (storage_id, directory, address)
+    check_and_release(directory, binary)  # a stale lock left by a killed run of this machine
+    res = terraform.run(binary, ["import", "-input=false", "-no-color", address, storage_id], directory)
+    if res["rc"] != 0:
+        raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
+                           % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
+    return "imported %s into the terraform state of %s as %s" % (storage_id, directory, address)
+
+
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
                    check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
@@ -199,9 +261,11 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     run = run or run_id()
     result: Dict[str, Any] = {"storage": name, "type": stype, "id": storage_id, "facts": facts, "written": [],
                               "changed": True}
+    # terraform first: a failed import leaves meta-state as it was
+    result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check)
     old = recs.get(name) or {}
     if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
-        result["changed"] = False
+        result["changed"] = result["terraform"].startswith("imported ")
         return result
     if check:
         return result
