@@ -5,7 +5,9 @@
 
 * :func:`config_loaders` -- configuration files: a safe loader that refuses duplicate
   mapping keys (libyaml when available, and its pure-Python twin whose error messages
-  are clearer), with the :class:`DuplicateKeyError` it raises;
+  are clearer), with the :class:`DuplicateKeyError` it raises; an ansible-vault inline
+  value (``!vault |``) becomes a :class:`Vaulted` (its ciphertext, never decrypted here:
+  ``config/loader.py`` decides where one is allowed);
 * :func:`meta_loader` / :func:`meta_dumper` -- meta-state files: timestamps stay strings,
   output is libyaml's when available (both emitters give the same text for plain data).
 
@@ -29,6 +31,34 @@ except ImportError:
     YAML_IMPORT_ERROR = traceback.format_exc()
 
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
+#: the tag of an ansible-vault inline encrypted value (``ansible-vault encrypt_string``)
+VAULT_TAG = "!vault"
+
+
+class Vaulted:
+    """An ansible-vault encrypted value as read from a configuration file: its ciphertext
+    (``$ANSIBLE_VAULT;1.1;AES256...``, not secret) and, once the loader placed it, the file
+    and key it was read at. Never a ``str``: a field that is not secret refuses it. Its
+    ``repr`` names where it is, never the ciphertext."""
+
+    __slots__ = ("ciphertext", "file", "key")
+
+    def __init__(self, ciphertext: str, file: str = "", key: str = "") -> None:
+        self.ciphertext = ciphertext
+        self.file = file
+        self.key = key
+
+    def __repr__(self) -> str:
+        return "<!vault %s%s>" % (self.file, (": " + self.key) if self.key else "")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vaulted) and other.ciphertext == self.ciphertext
+
+    def __hash__(self) -> int:
+        return hash(self.ciphertext)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "Vaulted":
+        return Vaulted(self.ciphertext, self.file, self.key)
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,8 +91,22 @@ def config_loaders() -> Tuple[Any, Any, Any]:
                 seen[key] = True
         return loader.construct_mapping(node, deep=deep)
 
-    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    PyUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    def construct_vault(loader: Any, node: Any) -> Vaulted:
+        if not isinstance(node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a !vault value must be the text ansible-vault encrypt_string wrote (a scalar)", node.start_mark)
+        text = "".join(str(loader.construct_scalar(node)).split())
+        if not text.startswith("$ANSIBLE_VAULT;"):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a !vault value must start with $ANSIBLE_VAULT; (the output of ansible-vault encrypt_string)",
+                node.start_mark)
+        # the envelope's header line, then the hex body: keep the header's line break
+        head, _sep, body = str(loader.construct_scalar(node)).strip().partition("\n")
+        return Vaulted(head.strip() + "\n" + "".join(body.split()))
+
+    for cls in (UniqueKeyLoader, PyUniqueKeyLoader):
+        cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+        cls.add_constructor(VAULT_TAG, construct_vault)
     return UniqueKeyLoader, PyUniqueKeyLoader, DuplicateKeyError
 
 

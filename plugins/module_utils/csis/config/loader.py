@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
 
 from ..errors import ConfigError, Problem
-from ..yamlio import config_loaders, yaml
+from ..yamlio import Vaulted, config_loaders, yaml
 from . import hierarchy as h
 from . import models as m
+from . import secrets
 from .models import BaseModel, ValidationError
 
 
@@ -322,6 +323,8 @@ class Tree:
     hierarchy: Dict[str, m.HierarchyNode] = field(default_factory=dict)
     #: runtime -> where its dependency-config keys and its own tags came from (config/hierarchy.py)
     runtime_sources: Dict[str, Dict[str, Dict[str, Tuple[str, str]]]] = field(default_factory=dict)
+    #: every ``!vault`` value read at a secret field (config/secrets.py), with its file and key
+    vaulted: List[Vaulted] = field(default_factory=list)
 
     def dangling(self, kind: str, ref: Optional[str]) -> bool:
         """Whether an unresolved reference ``ref`` to a ``kind`` is worth reporting:
@@ -406,6 +409,124 @@ class Tree:
         import re
         ident = self.config_file.id or os.path.basename(os.path.abspath(self.root))
         return {"csis_config": re.sub(r"[^a-z0-9_-]", "-", ident.lower())}
+
+
+# --------------------------------------------------------------------------- !vault values
+#: an overlay's entries are patches of these models (their secret fields take !vault values)
+_OVERLAY_SHAPES: Dict[str, Any] = {"runtime_builders": List[m.RuntimeBuilder], "state_backends": List[m.StateBackend]}
+
+
+def _model_at(tp: Any, node: Dict[Any, Any]) -> Any:
+    """The model a mapping ``node`` is parsed as, where the expected type is ``tp`` (None: unknown)."""
+    rt = _resolve_type(tp)
+    if isinstance(rt, list):  # a tagged union: the entry's type picks the model
+        for a in rt:
+            if _is_model(a) and "type" in a.model_fields and node.get("type") in (
+                    get_args(a.model_fields["type"].annotation) or ()):
+                return a
+        return None
+    return rt if _is_model(rt) else None
+
+
+def _vaulted_in(node: Any, tp: Any, loc: Tuple[Any, ...], out: List[Tuple[Tuple[Any, ...], Vaulted, Optional[str]]]) -> None:
+    """(location, value, secret policy or None) of every !vault value under ``node``."""
+    if isinstance(node, dict):
+        model = _model_at(tp, node)
+        rt = _resolve_type(tp)
+        for k, v in node.items():
+            sub: Any = None
+            policy = None
+            if model is not None and isinstance(k, str) and k in model.model_fields:
+                sub, policy = model.model_fields[k].annotation, secrets.policy_of(model, k)
+            elif model is None and get_origin(rt) is dict:
+                sub = get_args(rt)[1]
+            if isinstance(v, Vaulted):
+                out.append((loc + (k,), v, policy))
+            else:
+                _vaulted_in(v, sub, loc + (k,), out)
+    elif isinstance(node, list):
+        rt = _resolve_type(tp)
+        elem = get_args(rt)[0] if get_origin(rt) is list else None
+        for i, v in enumerate(node):
+            if isinstance(v, Vaulted):
+                out.append((loc + (i,), v, None))
+            else:
+                _vaulted_in(v, elem, loc + (i,), out)
+
+
+def place_vaulted(data: Dict[str, Any], rel: str, model: Any, problems: List[Problem]) -> Tuple[List[Vaulted], set]:
+    """Name the file and key of every !vault value of one file's ``data`` (parsed as ``model``,
+    or an overlay: ``None``); one at a field that is not secret is reported and taken out of
+    ``data``. Returns (the values kept, the (file, key) of those taken out)."""
+    found: List[Tuple[Tuple[Any, ...], Vaulted, Optional[str]]] = []
+    if model is None:
+        for k, v in data.items():
+            tp = _OVERLAY_SHAPES.get(k) if isinstance(k, str) else None
+            if isinstance(v, Vaulted):
+                found.append(((k,), v, None))
+            else:
+                _vaulted_in(v, tp, (k,), found)
+    else:
+        _vaulted_in(data, model, (), found)
+    kept: List[Vaulted] = []
+    taken: List[Tuple[Tuple[Any, ...], str]] = []
+    for loc, v, policy in found:
+        v.file, v.key = rel, _loc_to_key(loc, data)
+        if policy is None:
+            problems.append(Problem(rel, v.key, secrets.not_secret_message()))
+            taken.append((loc, v.key))
+        else:
+            kept.append(v)
+    for loc, _key in sorted(taken, key=lambda t: [str(x).zfill(9) if isinstance(x, int) else str(x) for x in t[0]],
+                            reverse=True):
+        parent: Any = data
+        for item in loc[:-1]:
+            parent = parent[item]
+        del parent[loc[-1]]
+    return kept, {(rel, key) for _loc, key in taken}
+
+
+def _has_secret(model: Any, seen: Optional[set] = None) -> bool:
+    """Whether ``model`` (or a model inside it) has a secret field."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return False
+    seen.add(model)
+    for name, info in model.model_fields.items():
+        if secrets.policy_of(model, name):
+            return True
+        stack = [info.annotation]
+        while stack:
+            tp = stack.pop()
+            if _is_model(tp) and _has_secret(tp, seen):
+                return True
+            stack.extend(a for a in get_args(tp) if a is not None)
+    return False
+
+
+def secret_values(root: str, overlays: Iterable[str] = ()) -> Tuple[List[Vaulted], List[Problem]]:
+    """The !vault values at secret fields of the tree at ``root`` and its ``overlays`` (what
+    :attr:`Tree.vaulted` holds after a load), reading only the files that can hold one: what the
+    controller decrypts before a module loads the tree. Problems of reading are returned, not raised
+    (the module's own load reports them in full)."""
+    root = os.path.abspath(root)
+    problems: List[Problem] = []
+    out: List[Vaulted] = []
+    for pattern, top, model, _attr, _kind, _required in _CFG_FILES:
+        if not _has_secret(model):
+            continue
+        for path in _files(root, pattern):
+            rel = os.path.relpath(path, root)
+            data = read_yaml(path, rel, problems, top)
+            if data is not None:
+                out.extend(place_vaulted(data, rel, model, problems)[0])
+    for ov in overlays:
+        ov_abs = ov if os.path.isabs(ov) else os.path.join(root, ov)
+        if os.path.isfile(ov_abs):
+            data = read_yaml(ov_abs, ov, problems, "config")
+            if data is not None:
+                out.extend(place_vaulted(data, ov, None, problems)[0])
+    return out, problems
 
 
 # (file glob, top key, file model, table attribute, kind, required?)
@@ -505,6 +626,9 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
                       undeclare: Iterable[str] = ()) -> Tuple[Tree, List[Problem]]:
     """Load what loads; return the tree of valid entries and every problem found."""
     problems: List[Problem] = []
+    vaulted: List[Vaulted] = []
+    #: (file, key) of !vault values taken out (refused): their "required key is missing" is not repeated
+    vault_taken: set = set()
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         return Tree(root=root, config_file=m.ConfigFile()), [
@@ -515,6 +639,8 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
         problems.append(Problem(CONFIG_REL, "", "file is missing (every configuration tree needs cfg/_config.yml with a 'config:' mapping)"))
     else:
         raw_cfg = read_yaml(cfg_path, CONFIG_REL, problems, "config")
+        if raw_cfg is not None:
+            vault_taken |= place_vaulted(raw_cfg, CONFIG_REL, m.ConfigFile, problems)[1]
 
     # Overlays: read them all first (their problems are reported with the rest).
     # A relative overlay path is relative to the configuration root.
@@ -529,6 +655,9 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
         data = read_yaml(ov_abs, shown, problems, "config")
         if data is None:
             continue
+        kept, taken = place_vaulted(data, shown, None, problems)
+        vaulted.extend(kept)
+        vault_taken |= taken
         parsed = parse_model(m.OverlayFile, data, shown, problems)
         if parsed is not None:
             overlay_data.append((shown, parsed, _overlay_config(shown, parsed.config, problems)))
@@ -576,6 +705,9 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             if data is None:
                 tree.unloaded.add(kind)
                 continue
+            kept, taken = place_vaulted(data, rel, model, problems)
+            vaulted.extend(kept)
+            vault_taken |= taken
             patched: Dict[int, List[Tuple[str, int, Dict[str, Any]]]] = {}
             if top in patch_targets and isinstance(data.get(top), list):
                 data = copy.deepcopy(data)
@@ -639,6 +771,9 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
                                         % (what, name, source, ", ".join(sorted(declared_names[key])) or "none")))
 
     problems.extend(h.hierarchy_problems(tree))
+    tree.vaulted = vaulted
+    if vault_taken:
+        problems = [p for p in problems if not ((p.file, p.key) in vault_taken and p.message == "required key is missing")]
 
     # Undeclare for one run (a decommission): CLI list plus `undeclare: true` entries.
     for name in list(undeclare):

@@ -14,6 +14,8 @@ import traceback
 import unicodedata
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
+from . import secrets
+
 try:
     # ValidationError: for loader.py, which shares this guard
     from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,  # pylint: disable=unused-import
@@ -430,10 +432,43 @@ def _check_url(v: str) -> None:
         raise ValueError("endpoint %r must be an http(s) URL" % v)
 
 
+def secret_field(policy: str) -> Any:
+    """A secret field (config/secrets.py): takes a ``!vault`` value (policy ``vault``: only that;
+    ``clear``: clear text too). Left out of ``model_dump``; docs/configuration.md marks it."""
+    return Field(default=None, exclude=True, repr=False, json_schema_extra={secrets.SECRET_MARK: policy})
+
+
 class Credentials(Strict):
+    """How the runtime's provider (and nothing else yet) authenticates: a named profile, or
+    static keys (secret fields: the secret key and the session token only as ``!vault``)."""
     profile_name: Optional[str] = None
+    access_key_id: Optional[Any] = secret_field("clear")
+    secret_access_key: Optional[Any] = secret_field("vault")
+    session_token: Optional[Any] = secret_field("vault")
 
     _p = field_validator("profile_name")(optional(check_name, "profile_name"))
+
+    @field_validator("access_key_id", "secret_access_key", "session_token", mode="before")
+    @classmethod
+    def _secret(cls, v: Any, info: Any) -> Any:
+        return secrets.check_secret(v, info.field_name, secrets.policy_of(cls, info.field_name) or "vault")
+
+    @model_validator(mode="after")
+    def _static(self) -> "Credentials":
+        has_id, has_key = self.access_key_id is not None, self.secret_access_key is not None
+        if has_id != has_key:
+            raise keyed_error("secret_access_key" if has_id else "access_key_id",
+                              "static credentials need both access_key_id and secret_access_key")
+        if self.session_token is not None and not has_id:
+            raise keyed_error("session_token", "a session_token goes with access_key_id and secret_access_key")
+        if has_id and self.profile_name:
+            raise keyed_error("profile_name", "profile_name and static keys (access_key_id, secret_access_key) "
+                                              "exclude each other: give one or the other")
+        return self
+
+    def static(self) -> bool:
+        """Whether the runtime authenticates with static keys (the provider's access_key/secret_key)."""
+        return self.access_key_id is not None
 
 
 class Subnet(Strict):
