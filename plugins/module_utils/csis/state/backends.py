@@ -205,8 +205,12 @@ class FileLock:
                         "gone the lock frees itself" % (label, self.subject, self._holder(), self.busy))
                 time.sleep(self.poll)
             info = dict(who(), since=now_iso(), what=self.what, **self.extra)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode("utf-8"), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode("utf-8"), 0)
+            except OSError as exc:  # a full or failing filesystem: no raw traceback, nothing written
+                raise MetaStateError("%s: cannot write: %s (nothing was written)"
+                                     % (label, exc.strerror or exc)) from exc
         except BaseException:
             os.close(fd)
             raise
