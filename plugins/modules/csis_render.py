@@ -64,6 +64,15 @@ options:
         means only an image's declared C(ami_id) counts as its head, and nothing is looked up.
     type: dict
     default: {}
+  cascade:
+    description:
+      - One phase of an environment's cascade destroy, as C(playbooks/destroy_environment.yml) passes it
+        (M(csis.infra.csis_cascade)) - C(environment), C(phase) (C(ephemeral), C(durable), C(storage) or
+        C(identity)), C(ebs) (C(archived) or C(destroyed)), C(approved) (the destroys the cascade's approval showed).
+      - The phase is computed again from meta-state as it is; the declaration is changed for this run only
+        (instances undeclared, storages requested C(archived)/C(destroyed), identity roots emptied) and only the
+        environment's roots are rendered. A destroy the approval did not show is refused.
+    type: dict
 attributes:
   check_mode:
     details: Validates and reports which roots and files would change; writes nothing and runs no terraform init.
@@ -278,6 +287,7 @@ def main():
             prepare=dict(type="bool", default=True),
             workers=dict(type="int", default=4),
             series_heads=dict(type="dict", default={}),
+            cascade=dict(type="dict"),
         ),
         requires=("PyYAML", "pydantic"),
         supports_check_mode=True,
@@ -287,7 +297,7 @@ def main():
         out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
                      apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
                      check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"],
-                     series_heads=p["series_heads"])
+                     series_heads=p["series_heads"], cascade=p["cascade"])
     except ConfigError as exc:
         fail_from(module, exc, msg=problems_message(exc, p["config_root"], "; nothing was written"))
     except CsisError as exc:

@@ -767,8 +767,13 @@ def read_meta(root: str, names: Iterable[str] = VALIDATE_META) -> Tuple[Dict[str
 
 def load_and_validate(root: str, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
                       run_version: Optional[Callable[[str], Tuple[Optional[str], Optional[str]]]] = None,
-                      extra: Iterable[Callable[[Validation], None]] = ()) -> Tuple[Tree, Dict[str, Any]]:
+                      extra: Iterable[Callable[[Validation], None]] = (),
+                      adjust: Optional[Callable[[Tree, Dict[str, Any]], List[Problem]]] = None) -> Tuple[Tree, Dict[str, Any]]:
     """Return (tree, meta) or raise :class:`ConfigError` listing every problem.
+
+    ``adjust(tree, meta)``: a change of the declaration for this run only, made on the loaded
+    tree before the rules run (the cascade's phase, :func:`..render.cascade.apply_phase`); it
+    returns its own problems.
 
     Reads only: the configuration tree, the overlays and meta-state (``meta-state/``, or
     the S3 store ``cfg/_config.yml`` names: its only network calls). Writes nothing; the only process started is each declared executable's
@@ -779,6 +784,8 @@ def load_and_validate(root: str, overlays: Iterable[str] = (), undeclare: Iterab
         raise ConfigError(problems)
     meta, meta_problems = read_meta(tree.root)
     problems += meta_problems
+    if adjust is not None and not problems:
+        problems += adjust(tree, meta)
     # cross-file rules also run over what did load, so every error shows at once
     # (references into a file that did not load are not reported as dangling)
     problems += validate_tree(tree, meta, run_version=run_version, extra=extra)

@@ -13,6 +13,7 @@ from ..apply.workspace import mask_url
 from ..config.validate import load_and_validate
 from ..errors import ConfigError, Problem
 from ..terraform import env_overrides
+from . import cascade as cascade_lib
 from .plan import LIFECYCLES, RenderOptions, RootPlan
 from .roots import plan_roots
 from .writer import compare, prepare_roots, vendor_modules, write_root
@@ -33,12 +34,27 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
            apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
            check_mode: bool = False, want_diff: bool = False, prepare: bool = True, workers: int = 4,
            extra_env: Optional[Mapping[str, str]] = None,
-           series_heads: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Validate, plan, write and prepare the roots. Raises ConfigError / EmitError."""
+           series_heads: Optional[Mapping[str, Any]] = None,
+           cascade: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Validate, plan, write and prepare the roots. Raises ConfigError / EmitError.
+
+    ``cascade``: one phase of an environment's cascade destroy (render/cascade.py:
+    ``environment``, ``phase``, ``ebs``, ``approved``), run over the declaration that phase
+    changes for this run, and only the environment's roots."""
     for lc in lifecycles:
         if lc not in LIFECYCLES:
             raise ConfigError([])  # pragma: no cover - the module's choices prevent it
-    tree, meta = load_and_validate(config_root, overlays=overlays, undeclare=undeclare)
+    scope: Dict[str, Any] = {}
+
+    def phase(tree: Any, meta: Dict[str, Any]) -> List[Problem]:
+        if cascade_lib.LIFECYCLE.get(str(cascade.get("phase"))) not in (None, *lifecycles):
+            return [Problem("", "cascade.phase", "phase '%s' runs the %s lifecycle, not %s" % (
+                cascade["phase"], cascade_lib.LIFECYCLE[cascade["phase"]], ", ".join(lifecycles)))]
+        scope["runtimes"], scope["identity"], problems = cascade_lib.apply_phase(tree, meta, cascade)
+        return problems
+
+    tree, meta = load_and_validate(config_root, overlays=overlays, undeclare=undeclare,
+                                   adjust=phase if cascade else None)
     for name in (only_runtime, apply_runtime):
         if name and tree.runtime(name) is None:
             raise ConfigError([Problem("", "", "runtime '%s' (only_runtime/apply_runtime) is not declared in cfg/runtime-builders.yml" % name)])
@@ -47,6 +63,11 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
     plans: List[RootPlan] = []
     for lc in lifecycles:
         plans.extend(plan_roots(tree, meta, lc, opts))
+    if cascade:
+        plans, refused = cascade_lib.narrow(tree, meta, plans, scope["runtimes"], scope["identity"],
+                                            str(cascade.get("environment")))
+        if refused:
+            raise ConfigError(refused)
     results = []
     changed = False
     diffs: List[Dict[str, str]] = []
