@@ -16,7 +16,11 @@ description:
   - Refuses an undeclared storage (a recorded storage that is not declared is planned as destroyed), an id of the
     wrong shape, an id already recorded for another storage, and an id the endpoint does not know or cannot be
     asked about.
-  - Writes through a meta-state transaction; terraform state is not touched.
+  - Writes through a meta-state transaction. When the storage's root is rendered and initialised
+    (C(generated/storage/<builder>/storage-generation/)) and its terraform state does not hold the resource, the
+    resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>), after releasing a
+    stale state lock left by a killed run of this machine), so the next storage run manages it instead of planning
+    its create; a state holding another id at that address is refused. A failed import records nothing.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
@@ -47,7 +51,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 result:
-  description: The storage, its type, the id, the facts recorded and the meta-state files written.
+  description: The storage, its type, the id, the facts recorded, the meta-state files written, and what was done
+    to the root's terraform state (C(terraform)).
   returned: success
   type: dict
 """
