@@ -241,7 +241,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             "csis_hostname": record.get("hostname"),
             "csis_alias": record.get("alias"),
             "csis_group": record.get("group"),
-            "csis_mounts": list(record.get("mounts") or []),
+            "csis_mounts": [dict(m) if isinstance(m, dict) else m for m in record.get("mounts") or ()],
             "csis_ephemeral": bool(record.get("ephemeral")),
             "csis_tags": dict(record.get("tags") or {}),
             "csis_launched_run": record.get("launched_run"),
@@ -273,21 +273,52 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 return str(value)
         return None
 
-    def _default_groups(self, hostvars):
-        groups = []
+    def _default_groups(self, hostvars, names):
+        """The default groups of one host; ``names`` memoizes raw -> sanitized group names."""
+        raw = []
         for prefix, key in (("csis_group_", "csis_group"), ("csis_runtime_", "csis_runtime"),
                             ("csis_image_", "csis_image")):
             if hostvars.get(key):
-                groups.append(prefix + str(hostvars[key]))
-        groups.append("csis_ephemeral" if hostvars["csis_ephemeral"] else "csis_durable")
-        return [self._sanitize_group_name(g) for g in groups]
+                raw.append(prefix + str(hostvars[key]))
+        raw.append("csis_ephemeral" if hostvars["csis_ephemeral"] else "csis_durable")
+        out = []
+        for group in raw:
+            sanitized = names.get(group)
+            if sanitized is None:
+                sanitized = names[group] = self._sanitize_group_name(group)
+                self.inventory.add_group(sanitized)
+            out.append(sanitized)
+        return out
+
+    def _set_host_vars(self, host, hostvars):
+        """Set the host's csis_*/connection variables.
+
+        They are plain data this plugin built for this host alone (fresh containers of JSON
+        values, names from a fixed list), so they go straight into the host's variables: the
+        inventory's per-value visitor (ansible-core 2.19: a copy of every value, each tagged with
+        its origin) costs about 20 s at 10,000 hosts and changes nothing in what is listed
+        (strings stay untrusted, ``ansible-inventory`` shows them as ``__ansible_unsafe``). A
+        host that already has one of these variables (another source named the same host) takes
+        the regular path, so the inventory's merge rules apply.
+        """
+        entity = self.inventory.get_host(host)
+        variables = getattr(entity, "vars", None)
+        if isinstance(variables, dict) and variables.keys().isdisjoint(hostvars):
+            variables.update(hostvars)
+            return
+        for key, value in hostvars.items():
+            self.inventory.set_variable(host, key, value)
 
     def _populate(self, records):
         strict = self.get_option("strict")
         include_ephemeral = self.get_option("include_ephemeral")
         default_groups = self.get_option("default_groups")
+        compose, groups, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
+        constructed = bool(compose or groups or keyed)
+        connection = self._connection_vars
         seen = {}
         unnamed = []
+        group_names = {}
         for name in sorted(records):
             hostvars = self._hostvars(records[name])
             if hostvars["csis_ephemeral"] and not include_ephemeral:
@@ -301,19 +332,18 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     "csis.infra.meta_state: instances %r and %r both resolve to host name %r "
                     "(hostnames: %s)" % (seen[host], name, host, ", ".join(self.get_option("hostnames"))))
             seen[host] = name
-            hostvars.update(self._connection_vars(hostvars))
+            hostvars.update(connection(hostvars))
 
             self.inventory.add_host(host)
-            for key, value in hostvars.items():
-                self.inventory.set_variable(host, key, value)
+            self._set_host_vars(host, hostvars)
             if default_groups:
-                for group in self._default_groups(hostvars):
-                    self.inventory.add_group(group)
+                for group in self._default_groups(hostvars, group_names):
                     self.inventory.add_child(group, host)
 
-            self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
-            self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
-            self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
+            if constructed:
+                self._set_composite_vars(compose, hostvars, host, strict=strict)
+                self._add_host_to_composed_groups(groups, hostvars, host, strict=strict)
+                self._add_host_to_keyed_groups(keyed, hostvars, host, strict=strict)
         if unnamed:
             self.display.warning(
                 "csis.infra.meta_state: left out %d instance(s) with none of hostnames %s: %s"

@@ -65,7 +65,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from ..config.models import NAME_RE
+from ..config.names import NAME_RE
 from ..fsutil import write_atomic
 from ..yamlio import meta_dumper, meta_loader, yaml
 from .backends import (ABSENT, LOCK_NAME, META_STATE_DIR, Conflict, FileLock, LocalObjects, MetaStateError, NotWritable,
@@ -934,6 +934,33 @@ class MetaState:
         """
         return self.load_checked(name)[0]
 
+    def load_many(self, names: Iterable[str]) -> Dict[str, Dict[str, Any]]:
+        """:meth:`load` of several files at once, each read once: ``{name: data}``. They are read
+        between the same two looks at the revision (so they belong together), and the invariants
+        of each are checked against the others' reads (a partner not among ``names`` is read for it)."""
+        wanted = list(dict.fromkeys(names))
+        for name in wanted:
+            _check_name(name)
+
+        def read_all() -> Dict[str, _Read]:
+            return {name: self._read_file(name) for name in wanted}
+
+        def found(reads: Mapping[str, _Read]) -> List[str]:
+            summaries = {other: (_summary(other, reads[other].data if reads[other].present else None)
+                                 if other in reads else self._summary_full(other))
+                         for other in partners(wanted, subject_only=True)}
+            return _contradictions(summaries, wanted, subject_only=True)
+
+        reads = self._stable(read_all)
+        if found(reads):
+            # a commit may have replaced one object and not yet the other: look again while none runs
+            with self.objects.read_barrier(self.lock_timeout, self._held()):
+                reads = read_all()
+                problems = found(reads)
+            if problems:
+                raise MetaStateError("%s; %s" % (problems[0], CONTRADICT))
+        return {name: reads[name].data for name in wanted}
+
     def load_record(self, name: str, key: str) -> Optional[Dict[str, Any]]:
         """Record ``key`` of keyed file ``name`` (None when there is none), reading only it
         (the whole file while it is not migrated)."""
@@ -1513,8 +1540,8 @@ def launched_instances(ms: MetaState) -> Dict[str, Dict[str, Any]]:
 
     Ordered by name.
     """
-    params = ms.load("launch-params.yaml")["instances"]
-    states = ms.load("instance-state.yaml")["instances"]
+    files = ms.load_many(("launch-params.yaml", "instance-state.yaml"))
+    params, states = files["launch-params.yaml"]["instances"], files["instance-state.yaml"]["instances"]
     out: Dict[str, Dict[str, Any]] = {}
     for name in sorted(params):
         record = params[name]
