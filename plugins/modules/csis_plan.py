@@ -23,6 +23,10 @@ description:
     M(csis.infra.csis_render) writes were validated when they were rendered and use no workspaces.
     The apply still runs through C(community.general.terraform) with the exact plan file.
   - Secrets go in C(TF_VAR_*) environment variables, never in O(variables) (they would show in the command line).
+  - >-
+    An action plugin runs first on the controller: it decrypts O(secrets) (the root's C(!vault) values) with the run's
+    vault secrets and hands the module the clear values as O(secret_env), a C(no_log) argument; terraform gets them
+    as C(TF_VAR_<name>) environment. A value that does not decrypt fails the task naming its file and key.
 extends_documentation_fragment:
   - csis.infra.controller
 options:
@@ -51,6 +55,18 @@ options:
     type: list
     elements: str
     default: []
+  secrets:
+    description:
+      - The root's secret values (M(csis.infra.csis_render)'s C(roots[].secrets)) - C(TF_VAR_<name>) to C({vault, file, key})
+        (a C(!vault) ciphertext and where the tree holds it) or C({value}) (a secret field given in clear text).
+      - The action plugin replaces them by O(secret_env); the module itself refuses them.
+    type: dict
+    default: {}
+  secret_env:
+    description:
+      - C(TF_VAR_<name>) to clear value, added to terraform's environment (set by the action plugin from O(secrets)).
+    type: dict
+    default: {}
   timeout:
     description:
       - Seconds the plan may take. Past them terraform is interrupted (SIGINT, so it releases its state
@@ -125,13 +141,19 @@ stdout:
   type: str
 '''
 
+import os
+
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import argument_spec, run_module
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import make_plan
 
 
 def _plan(module, p):
+    if p["secrets"]:
+        module.fail_json(msg="plan: secrets are decrypted by the csis_plan action plugin on the controller "
+                             "(run the module as csis.infra.csis_plan, not through a module path)", changed=False)
+    env = dict(os.environ, **{str(k): str(v) for k, v in p["secret_env"].items()}) if p["secret_env"] else None
     return make_plan(p["project_path"], p["plan_file"], p["binary_path"], variables=p["variables"],
-                     replace=p["replace"], timeout=p["timeout"] or None, check_mode=module.check_mode)
+                     replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode)
 
 
 def main():
@@ -141,6 +163,8 @@ def main():
         binary_path=dict(type="str", default="terraform"),
         variables=dict(type="dict", default={}),
         replace=dict(type="list", elements="str", default=[]),
+        secrets=dict(type="dict", default={}),
+        secret_env=dict(type="dict", default={}, no_log=True),
         timeout=dict(type="int", default=0),
     ), failure={"prefix": "plan: ", "changed": False}, supports_check_mode=True)
 

@@ -21,9 +21,21 @@ description:
     dependency tag and dependency config with the node or file it came from (RV(inheritance),
     RV(inheritance_lines)). Refuses a storage or instance whose effective tags lack one of C(config.required_tags).
   - Makes no network call and writes nothing.
+  - >-
+    An action plugin runs first on the controller: it decrypts the tree's C(!vault) values (the secret
+    fields of docs/configuration.md) with the run's vault secrets and passes the module those that do not
+    decrypt as O(vault_problems). No clear value reaches the module.
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.config.undeclare
+options:
+  vault_problems:
+    description:
+      - Set by the action plugin, not by hand - the C(!vault) values of the tree that the run's vault secrets do
+        not decrypt (C(file), C(key), C(message) each), reported with the other problems.
+    type: list
+    elements: dict
+    default: []
 attributes:
   check_mode:
     details: Read-only; the same rules run in check mode.
@@ -83,6 +95,7 @@ inheritance_lines:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.hierarchy import effective, effective_lines
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.secrets import problems_rule
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from, problems_message
@@ -90,13 +103,14 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONF
 
 def main():
     module = csis_module(
-        argument_spec=argument_spec(CONFIG_ARGS, UNDECLARE_ARGS),
+        argument_spec=argument_spec(CONFIG_ARGS, UNDECLARE_ARGS, vault_problems=dict(type="list", elements="dict", default=[])),
         requires=("PyYAML", "pydantic"),
         supports_check_mode=True,
     )
     p = module.params
     try:
-        tree, _meta = load_and_validate(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
+        tree, _meta = load_and_validate(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"],
+                                        extra=[problems_rule(p["vault_problems"])])
     except ConfigError as exc:
         fail_from(module, exc, msg=problems_message(exc, p["config_root"]))
     module.exit_json(changed=False, problems=[], summary=dict(

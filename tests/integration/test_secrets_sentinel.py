@@ -2,16 +2,25 @@
 """Secrets never reach logs, generated files or meta-state (issue 14, item 5).
 
 Sentinel values are injected as the AWS credentials (the secret access key and the session
-token), as a ``TF_VAR_`` and as a tag value of the storage. The playbooks of a storage
-lifecycle then run for real at ``-vvv``: validate, the AWX plan job (its ``set_stats``
-artifacts printed as custom stats: the approver's ``csis_plan_changes`` and the digests),
-the apply, the drift report and the audit trail. The whole output, ``generated/`` and
-meta-state are searched: the credentials and the TF_VAR appear nowhere; the tag value where
-it belongs (the rendered root, the approver's listing, the volume at the endpoint).
+token), as a ``TF_VAR_`` and as a tag value of the storage; and (issue 15, item 5) as the
+runtime's static credentials in the tree, ``!vault`` values encrypted with a test vault
+password (``ansible-vault encrypt_string``) that every run is given by
+``--vault-password-file``. The playbooks of a storage lifecycle then run for real at
+``-vvv``: validate, the AWX plan job (its ``set_stats`` artifacts printed as custom stats:
+the approver's ``csis_plan_changes`` and the digests), the apply, the drift report and the
+audit trail. The whole output, ``generated/`` (the plan file included) and meta-state are
+searched: the credentials, the vault values and the TF_VAR appear nowhere; the tag value
+where it belongs (the rendered root, the approver's listing, the volume at the endpoint).
+The rendered root's provider takes the vault values as required ``ephemeral`` variables, so
+the plan and the apply of exactly that plan file succeed only when both got them.
+
+A tree whose ``!vault`` value the run cannot decrypt (a wrong password) fails validate and the
+lifecycle's render with one line naming file and key, and nothing is written.
 """
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 
@@ -27,6 +36,31 @@ SECRET_KEY = "csisSentinel0SecretKey1Do2Not3Leak4AbCdE"
 SESSION_TOKEN = "IQoJb3JpZ2luX2VjCSISSENTINEL0SESSION0TOKEN0DoNotLeak0123456789"
 TF_VAR_VALUE = "csis-sentinel-tfvar-4c8e1d"
 TAG_VALUE = "csis-sentinel-tag-9b27aa"
+# the runtime's static credentials, as !vault values of cfg/runtime-builders.yml
+VAULT_KEY_ID = "AKIACSISSENTINEL0VLT"
+VAULT_SECRET_KEY = "csisSentinel0VaultKey1Do2Not3Leak4XyZw"
+VAULT_PASSWORD = "csis-test-vault-password"
+
+
+def _vault_tree(root, password_file):
+    """Give the tree's runtime static credentials as !vault values (ansible-vault encrypt_string)."""
+    lines = []
+    for name, value in (("access_key_id", VAULT_KEY_ID), ("secret_access_key", VAULT_SECRET_KEY)):
+        out = subprocess.run([os.path.join(e2e.VENV_BIN, "ansible-vault"), "encrypt_string", "--vault-password-file",
+                              password_file, "--name", name, value], capture_output=True, text=True, check=True).stdout
+        lines += ["      " + line for line in out.strip().splitlines()]
+    path = os.path.join(root, "cfg", "runtime-builders.yml")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    assert text.count("      profile_name: null\n") == 1
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text.replace("      profile_name: null\n", "\n".join(lines) + "\n"))
+
+
+def _password_file(tmp_path, name, password):
+    path = tmp_path / name
+    path.write_text(password + "\n")
+    return str(path)
 
 
 def _files(root, top):
@@ -35,6 +69,12 @@ def _files(root, top):
             continue  # providers and the collection's own modules: no run output
         for name in files:
             yield os.path.join(dirpath, name)
+
+
+def _zip_holds(path, needle):
+    import zipfile
+    with zipfile.ZipFile(path) as zf:
+        return any(needle.encode() in zf.read(name) for name in zf.namelist())
 
 
 def _holding(paths, needle):
@@ -49,6 +89,8 @@ def _holding(paths, needle):
 def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     ep = moto_endpoint
     root = e2e.make_ebs_tree(str(tmp_path), "sentinel-%s" % uuid.uuid4().hex[:8])
+    vault_file = _password_file(tmp_path, "vault-pass", VAULT_PASSWORD)
+    _vault_tree(root, vault_file)
     storages = os.path.join(root, "storages", "storage0.yaml")
     doc = e2e.read_yaml(storages)
     doc["storages"][0]["tags"] = {"Note": TAG_VALUE}
@@ -59,7 +101,8 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     outputs = []
 
     def play(playbook, **extra):
-        run = e2e.run_playbook(playbook, root, env, overlays=overlays, extra_vars=extra, args=["-vvv"],
+        run = e2e.run_playbook(playbook, root, env, overlays=overlays, extra_vars=extra,
+                               args=["-vvv", "--vault-password-file", vault_file],
                                log=str(tmp_path / ("%s-%d.log" % (playbook, len(outputs)))))
         assert run.rc == 0, run.tail()
         outputs.append(run.out)
@@ -78,12 +121,43 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     assert "<127.0.0.1>" in output or "ESTABLISH LOCAL CONNECTION" in output  # really -vvv
     run_files = list(_files(root, "generated")) + list(_files(root, "meta-state"))
     assert any(p.endswith(".apply.log") for p in run_files) and any("plan-receipts" in p for p in run_files)
+    # the plan file is there to be searched (a zip: its members are searched uncompressed too)
+    plans = [p for p in run_files if os.path.basename(p) == "tfplan"]
+    assert plans
     for what, needle in (("the secret access key", SECRET_KEY), ("the session token", SESSION_TOKEN),
-                         ("the TF_VAR", TF_VAR_VALUE)):
+                         ("the TF_VAR", TF_VAR_VALUE), ("the vaulted access key id", VAULT_KEY_ID),
+                         ("the vaulted secret access key", VAULT_SECRET_KEY)):
         assert needle not in output, "%s is in the -vvv output" % what
         assert not _holding(run_files, needle), "%s is in %s" % (what, _holding(run_files, needle))
+        assert not [p for p in plans if _zip_holds(p, needle)], "%s is in the plan file" % what
+    # the root's provider takes them as sensitive, ephemeral variables (set as TF_VAR_ by csis_plan
+    # and csis_apply_start: the apply of the saved plan fails without them)
+    main = [p for p in run_files if p.endswith("-storage-generation.tf")]
+    text = open(main[0], encoding="utf-8").read()
+    assert "secret_key                  = var.csis_aws_secret_key" in text, text
+    assert 'variable "csis_aws_secret_key" {' in text and "ephemeral   = true" in text and "sensitive   = true" in text
     # the tag value is where it belongs: the rendered root and the volume it tags
     assert any(p.endswith(".tf") for p in _holding(run_files, TAG_VALUE))
     vid = e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     tags = {t["Key"]: t["Value"] for t in ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]["Tags"]}
     assert tags["Note"] == TAG_VALUE
+
+
+def test_a_vault_value_that_does_not_decrypt_names_file_and_key_and_writes_nothing(moto_endpoint, tmp_path):
+    """Validate and the lifecycle's render with a wrong vault password: one line naming the file
+    and the key, rc != 0, and the tree byte-identical (nothing rendered, no meta-state)."""
+    ep = moto_endpoint
+    root = e2e.make_ebs_tree(str(tmp_path), "sentinel-bad-%s" % uuid.uuid4().hex[:8])
+    _vault_tree(root, _password_file(tmp_path, "vault-pass", VAULT_PASSWORD))
+    wrong = _password_file(tmp_path, "wrong-pass", "not-the-password")
+    before = e2e.meta_state_digest(root, with_state_dir=True)
+    where = ("cfg/runtime-builders.yml: runtime_builders[0] (aws-east2-runtime).credentials.secret_access_key: "
+             "cannot decrypt this !vault value: the vault secret(s) given do not decrypt it")
+    for playbook in ("validate.yml", "storage.yml"):
+        run = e2e.run_playbook(playbook, root, ep.env, overlays=[ep.overlay_path],
+                               args=["--vault-password-file", wrong])
+        assert run.rc != 0, run.tail()
+        assert where in run.out, run.tail()
+        assert VAULT_SECRET_KEY not in run.out
+    assert not os.path.exists(os.path.join(root, "generated"))
+    assert e2e.meta_state_digest(root, with_state_dir=True) == before

@@ -38,7 +38,7 @@ class IdentityRoots(RootPlanner):
             outp.attr("value", Raw("module.identity.group_gids"))
             blocks = [HEADER, self.terraform_block(gb, backend, needs_aws=gb.enrollment_token is not None)]
             if gb.enrollment_token is not None:
-                blocks.append(self.provider_block(gb))
+                blocks += self.provider_blocks(gb)
             blocks += [mod, outp]
             if gb.enrollment_token is not None:
                 tok = Block("data", "aws_ssm_parameter", "enrollment_token")

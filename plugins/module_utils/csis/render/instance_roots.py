@@ -208,7 +208,7 @@ class InstanceRoots(RootPlanner):
         if not declared:
             plan.allow_destroy.append("aws_security_group.csis_instances")
         # root file
-        blocks = [HEADER, self.terraform_block(ib, backend), self.provider_block(ib)]
+        blocks = [HEADER, self.terraform_block(ib, backend)] + self.provider_blocks(ib)
         blocks += variables
         if plan.ephemeral:
             v = Block("variable", "ephemeral_present")

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .. import aws
 from ..config import hierarchy
 from ..config import models as m
+from ..config import secrets
 from ..config.flags import apply_flag_allows, narrow_by_apply_runtime
 from ..config.loader import Tree
 from .bundled_modules import VERSION as MODULES_VERSION
@@ -74,6 +75,9 @@ class RootPlan:
     aws: Dict[str, Any] = field(default_factory=dict)
     #: the tree's ``config.required_tags``, which the gate checks on the plan (roots.plan_roots)
     required_tags: List[str] = field(default_factory=list)
+    #: ``{TF_VAR_<name>: {file, key, vault} | {value}}``: the runtime's secret fields the root's
+    #: variables take (config/secrets.py tf_secrets; ciphertext, never a decrypted value)
+    secrets: Dict[str, Dict[str, str]] = field(default_factory=dict)
 
     def as_dict(self, config_root: str) -> Dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class RootPlan:
             "storages": dict(self.storages), "instances": dict(self.instances), "ephemeral": list(self.ephemeral),
             "decommission": list(self.decommission), "warnings": list(self.warnings),
             "files": sorted(self.files), "aws": dict(self.aws), "required_tags": list(self.required_tags),
+            "secrets": {k: dict(v) for k, v in sorted(self.secrets.items())},
             "deferred": self.deferred(),
         }
 
@@ -196,6 +201,29 @@ class RootPlanner:
             tb.block("backend", backend.type)
         return tb
 
+    def provider_blocks(self, builder: Any) -> List[Block]:
+        """The provider block of ``builder``'s runtime, then the variables its static credentials
+        come in by (:meth:`credential_variables`)."""
+        return [self.provider_block(builder)] + self.credential_variables(builder)
+
+    def credential_variables(self, builder: Any) -> List[Block]:
+        """A runtime with static credentials: one variable per set key, ``sensitive`` (masked in
+        plan output) and ``ephemeral`` (kept out of the plan file and the state: the plan and the
+        apply each get it as ``TF_VAR_<name>``, decrypted on the controller)."""
+        rt = self.t.builder_runtime(builder)
+        out = []
+        for fld, variable, _arg in secrets.CREDENTIAL_VARIABLES:
+            if getattr(rt.credentials, fld, None) is None:
+                continue
+            v = Block("variable", variable)
+            v.attr("description", "runtime %s: credentials.%s (TF_VAR_%s, set by csis.infra from the tree; never stored)"
+                   % (rt.name, fld, variable))
+            v.attr("type", Raw("string"))
+            v.attr("sensitive", True)
+            v.attr("ephemeral", True)
+            out.append(v)
+        return out
+
     def provider_block(self, builder: Any) -> Block:
         rt = self.t.builder_runtime(builder)
         pb = Block("provider", "aws")
@@ -203,6 +231,9 @@ class RootPlanner:
         pb.attr("region", rt.region)
         if rt.credentials.profile_name:
             pb.attr("profile", rt.credentials.profile_name)
+        for fld, variable, arg in secrets.CREDENTIAL_VARIABLES:
+            if getattr(rt.credentials, fld, None) is not None:
+                pb.attr(arg, Raw("var.%s" % variable))
         if rt.skip_credentials_validation:
             pb.attr("skip_credentials_validation", True)
         if rt.skip_requesting_account_id:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Type
 
+from ..config import secrets
 from ..config.loader import Tree
 from .identity_roots import IdentityRoots
 from .instance_roots import InstanceRoots
@@ -27,4 +28,6 @@ def plan_roots(tree: Tree, meta: Mapping[str, Any], lifecycle: str, opts: Render
     roots = planner(tree, meta, opts).roots()
     for root in roots:
         root.required_tags = list(tree.config.required_tags)
+        runtime = tree.runtimes.get(root.runtime) if root.runtime else None
+        root.secrets = secrets.tf_secrets(runtime) if runtime is not None else {}
     return roots

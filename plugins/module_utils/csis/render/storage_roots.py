@@ -103,7 +103,7 @@ class StorageRoots(RootPlanner):
             plan.storages[name] = info
             self._leave(plan, name, rec.get("state"), "destroyed", kind, info)
         main = "%s-%s.tf" % (sb.name, phase)
-        blocks: List[Any] = [HEADER, self.terraform_block(sb, backend), self.provider_block(sb)]
+        blocks: List[Any] = [HEADER, self.terraform_block(sb, backend)] + self.provider_blocks(sb)
         if self.t.config.use_state_backends:
             blocks += [self.remote_state(gb, d) for _name, gb in sorted(identity_ws.items())]
         plan.files[main] = document(*blocks)
