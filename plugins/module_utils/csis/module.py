@@ -22,12 +22,12 @@ The only file of the library that imports Ansible.
 from __future__ import annotations
 
 import copy
+import importlib.util
 from typing import Any, Callable, Dict, Iterable, Mapping, NoReturn, Optional, Union
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from .aws import BOTO3_IMPORT_ERROR, HAS_BOTO3
-from .config.models import HAS_PYDANTIC, PYDANTIC_IMPORT_ERROR
 from .errors import CsisError, MissingDependency
 from .yamlio import HAS_YAML, YAML_IMPORT_ERROR
 
@@ -68,6 +68,11 @@ AWS_ACCESS_ARGS: Dict[str, Any] = dict(
         )),
     )),
 )
+
+#: pydantic is looked up, not imported: a module that needs no configuration model (the plan,
+#: the gate, the record, the run summary...) does not pay its import (config/models.py imports it)
+HAS_PYDANTIC = importlib.util.find_spec("pydantic") is not None
+PYDANTIC_IMPORT_ERROR: Optional[str] = None if HAS_PYDANTIC else "No module named 'pydantic'"
 
 #: library -> (installed, the import error's traceback)
 LIBRARIES: Dict[str, Any] = {

@@ -28,7 +28,7 @@ import hashlib
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..config.models import NAME_RE
+from ..config.names import NAME_RE
 from ..errors import CsisError
 from ..state.backends import now_iso
 from ..state.store import MetaState, record_object

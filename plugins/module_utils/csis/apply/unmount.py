@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .. import aws
-from ..config.models import SSH_PATH_RE, SSH_USER_RE
+from ..config.names import SSH_PATH_RE, SSH_USER_RE
 from ..errors import CsisError
 from ..state.store import MetaState
 from .receipts import new_receipt, receipt_path, write_receipt

@@ -47,10 +47,10 @@ except ImportError:  # the classes below still define (inertly); module.require_
 
 from .flags import parse_apply_flag
 
-#: What a name of anything (builder, runtime, instance, storage, group, image, backend,
-#: executable) may look like: it becomes a directory, a terraform label, a hostname
-#: part and a shell word, so nothing that could escape or inject passes.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+# names and the names derived from them (plain Python, shared with the store: names.py)
+from .names import (NAME_RE, SSH_PATH_RE, SSH_USER_RE, archive_snapshot_name,  # noqa: F401 pylint: disable=unused-import
+                    label, legacy_archive_snapshot_name)
+
 #: Mount points go into the launch script and /etc/fstab.
 MOUNT_POINT_RE = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*\Z")
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
@@ -133,30 +133,9 @@ def check_builder_reference(cls: Any, v: Any, info: Any) -> Any:
     return check_name(normalize_builder_name(v), info.field_name)
 
 
-def label(name: str) -> str:
-    """The terraform label of a name: '-' and '.' become '_' (an HCL identifier)."""
-    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    if out and out[0].isdigit():
-        out = "n" + out
-    return out
-
-
 def is_module_url(source: str) -> bool:
     """Whether a ``module_source_base`` is a module address terraform fetches (not a local path)."""
     return "://" in source or "::" in source or source.startswith("git@")
-
-
-def archive_snapshot_name(storage: str) -> str:
-    """The Name of an EBS storage's archive snapshot: ``csis-<label>-archive``, the manual's
-    name (``csis-mnt_data-archive``). Until 0.1.0 it was :func:`legacy_archive_snapshot_name`;
-    a storage archived then keeps the name recorded in its ``facts.archive``, and the restore
-    and the snapshot deletion use that recorded name."""
-    return "csis-%s-archive" % label(storage)
-
-
-def legacy_archive_snapshot_name(storage: str) -> str:
-    """The archive snapshot name written before 0.1.0 (``csis-mnt-data-archive``: '_' -> '-')."""
-    return "csis-%s-archive" % label(storage).replace("_", "-")
 
 
 def bucket_for(storage: Any, builder: Any) -> str:
@@ -532,11 +511,6 @@ class Networking(Strict):
         return list(seen.values())
 
 
-#: An SSH login name: it goes on the ``ssh`` command line (``-l``), so it never starts with '-'.
-SSH_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
-#: A file named to ``ssh`` (key, known_hosts, client configuration): plain path characters, an
-#: optional leading ``~/``; no whitespace, quotes, '%' (ssh's tokens) or leading '-'.
-SSH_PATH_RE = re.compile(r"^(~/)?[A-Za-z0-9_.+@,/][A-Za-z0-9_.+@,/=-]*\Z")
 
 
 def check_ssh_path(v: str, what: str) -> str:

@@ -45,7 +45,6 @@ import uuid
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .. import aws
-from ..config import models as m
 from ..errors import CsisError
 from ..fsutil import write_atomic
 from ..yamlio import meta_loader, yaml
@@ -682,6 +681,8 @@ def read_setting(config_root: str) -> Optional[Any]:
     value = raw.get("meta_state") if isinstance(raw, dict) else None
     if value is None:
         return None
+    from ..config import models as m  # only a tree that sets meta_state pays for the models
+
     try:
         return m.MetaStateSetting.model_validate(value)
     except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, or pydantic missing
@@ -711,6 +712,8 @@ def find_state_backend(config_root: str, name: str) -> Tuple[Optional[Any], str,
                 continue
             names.append(str(entry.get("name")))
             if entry.get("name") == name:
+                from ..config import models as m
+
                 try:
                     return m.StateBackend.model_validate(entry), shown, names
                 except Exception as exc:  # noqa: BLE001

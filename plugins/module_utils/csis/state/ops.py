@@ -36,7 +36,7 @@ from ..apply.statelock import check_and_release
 from ..aws import ClientFactory, Endpoint, tree_access
 from ..clock import now
 from ..config.loader import load_tree
-from ..config.models import archive_snapshot_name, label
+from ..config.names import archive_snapshot_name, label
 from ..config.validate import read_meta
 from ..errors import CsisError
 from ..render.plan import root_dir
