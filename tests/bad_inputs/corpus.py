@@ -25,7 +25,11 @@ A case file::
     undeclare: [test]                         # optional: instances undeclared for the run
     versions: {terraform: ["1.9.0", null]}    # optional: stubbed `<binary> version -json`
                                               # (binary -> [version, error]); "real" = run it
+    vault: {password: x}                      # optional: the run's vault password (null: none given);
+                                              # the tree's !vault values are decrypted with it as the
+                                              # controller does (vault_rules)
     playbook: true                            # optional: also run through ansible-playbook
+                                              # (given no vault secret)
     expect:                                   # EXACTLY these problems (any order);
                                               # {terraform_version} = what the real binary reports
       - {file: storages/storage0.yaml, key: "storages[0] (mnt_data).share_mode", message: "..."}
@@ -200,3 +204,25 @@ def problem_line(file: str, key: str, message: str) -> str:
     if not file:
         return message
     return "%s: %s" % (file + (": " + key if key else ""), message)
+
+
+def vault_rules(case: Dict[str, Any]) -> List[Any]:
+    """``extra`` rules of ``load_and_validate`` for a case with ``vault:``: the tree's !vault values
+    decrypted with the case's password (none given: ``password: null``), as the controller's
+    action plugins do (plugins/plugin_utils/vault.py) before a tree-loading module runs."""
+    if "vault" not in case:
+        return []
+    from ansible.parsing.vault import VaultLib, VaultSecret
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config import secrets
+
+    password = (case.get("vault") or {}).get("password")
+    vault = VaultLib([("default", VaultSecret(password.encode()))]) if password is not None else None
+
+    def decrypt(ciphertext: str) -> str:
+        if vault is None:
+            raise secrets.VaultSecretMissing()
+        return vault.decrypt(ciphertext).decode()
+
+    def rule(validation: Any) -> None:
+        validation.problems.extend(secrets.vault_problems(validation.t.vaulted, decrypt))
+    return [rule]

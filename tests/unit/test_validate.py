@@ -93,7 +93,7 @@ def test_bad_input(path, tmp_path):
     assert any(p.startswith("generated" + os.sep) for p in before)  # generated/ is part of what is hashed
     with pytest.raises(ConfigError) as err:
         load_and_validate(root, overlays=case.get("overlays") or (), undeclare=case.get("undeclare") or (),
-                          run_version=corpus.version_stub(case))
+                          run_version=corpus.version_stub(case), extra=corpus.vault_rules(case))
     got = sorted((p.file, p.key, p.message) for p in err.value.problems)
     assert got == corpus.expected(case)
     for p in err.value.problems:
