@@ -7,7 +7,10 @@ reached, and what an error from the endpoint means.
 * :func:`client` builds every boto3 client csis.infra uses, from an *access* mapping
   (``region``, ``profile``, ``endpoints`` {service: url}, ``s3_use_path_style``): the
   ``aws`` entry of a rendered root, :func:`runtime_access` of a runtime, or
-  :func:`backend_access` of an S3 state backend. Credentials come from the environment.
+  :func:`backend_access` of an S3 state backend. Credentials come from the environment (or
+  the profile), unless the access mapping carries ``credentials`` (clear static keys,
+  :data:`CREDENTIAL_KEYS`: a runtime's ``!vault`` credentials decrypted by the caller, see
+  :func:`runtime_access`); an access mapping with them is never returned or logged.
 * Every client has bounded connect and read timeouts and a bounded number of attempts
   (:func:`client_settings`: ``CSIS_AWS_CONNECT_TIMEOUT``, ``CSIS_AWS_READ_TIMEOUT``,
   ``CSIS_AWS_MAX_ATTEMPTS``; defaults 5 s, 10 s, 3 attempts), so a hung endpoint fails a call
@@ -64,6 +67,10 @@ REFUSED_CODES = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation
 
 ClientFactory = Callable[[str, Mapping[str, Any]], Any]
 
+#: a runtime's ``credentials`` field -> the boto3 session argument it is given as
+CREDENTIAL_KEYS = (("access_key_id", "aws_access_key_id"), ("secret_access_key", "aws_secret_access_key"),
+                   ("session_token", "aws_session_token"))
+
 #: how long one boto3 call may take, and how often it is tried: {setting: (environment variable, default)}.
 #: A hung endpoint fails a call after about max_attempts x read_timeout (plus a few seconds of backoff).
 CLIENT_SETTINGS = {
@@ -111,7 +118,10 @@ def client(service: str, access: Mapping[str, Any]) -> Any:
         raise MissingDependency("boto3", BOTO3_IMPORT_ERROR)
     limits = client_settings(access)
     mods = boto()
-    session = mods["boto3"].session.Session(profile_name=access.get("profile") or None, region_name=access.get("region"))
+    static = {arg: value for arg, value in (access.get("credentials") or {}).items()
+              if arg in dict(CREDENTIAL_KEYS).values() and value}
+    session = mods["boto3"].session.Session(profile_name=None if static else (access.get("profile") or None),
+                                            region_name=access.get("region"), **static)
     config = mods["config"].Config
     cfg = config(connect_timeout=limits["connect_timeout"], read_timeout=limits["read_timeout"],
                  retries={"total_max_attempts": limits["max_attempts"], "mode": "standard"},
@@ -131,12 +141,21 @@ def endpoint_urls(endpoints: Any, services: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def runtime_access(runtime: Any, session_mechanism: bool = False) -> Dict[str, Any]:
+def runtime_access(runtime: Any, session_mechanism: bool = False,
+                   reveal: Optional[Callable[[Any], str]] = None) -> Dict[str, Any]:
     """How boto3 reaches a runtime builder (no secrets); with the session mechanism
     (what a rendered root's ``aws`` entry carries) when asked, and with ``session_mechanism:
-    ssh`` the runtime's ``ssh`` settings (the key file's path as written, never its content)."""
+    ssh`` the runtime's ``ssh`` settings (the key file's path as written, never its content).
+
+    ``reveal`` (a secret field's value -> its clear text: the caller's decryption of a
+    ``!vault`` value) adds the runtime's static keys as ``credentials``; without it a runtime
+    with static keys is reached with the environment's credentials."""
     out = {"region": runtime.region, "profile": runtime.credentials.profile_name,
            "endpoints": endpoint_urls(runtime.endpoints, PROVIDER_SERVICES), "s3_use_path_style": runtime.s3_use_path_style}
+    creds = runtime.credentials
+    if reveal is not None and getattr(creds, "access_key_id", None) is not None:
+        out["credentials"] = {arg: reveal(getattr(creds, fld)) for fld, arg in CREDENTIAL_KEYS
+                              if getattr(creds, fld, None) is not None}
     if session_mechanism:
         out["session_mechanism"] = runtime.session_mechanism
         if runtime.session_mechanism == "ssh" and getattr(runtime, "ssh", None) is not None:
