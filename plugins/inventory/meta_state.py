@@ -15,10 +15,19 @@ description:
     Ansible hosts.
   - The hosts are the records of C(launch-params.yaml) with C(launched=true), joined
     with the open generation (C(current)) of C(instance-state.yaml), read through the
-    meta-state store. A tree whose C(cfg/_config.yml) sets C(meta_state.backend=s3) is read
-    from that S3 store (the bucket, region and endpoint of the state backend it names;
-    credentials from the environment), so a checkout with no meta-state of its own lists
-    what any other run recorded. Otherwise records are read from files only; no AWS call is made.
+    meta-state store.
+  - "Where the records are read (O(meta_state_backend)): by default from the store the
+    configuration root declares: a tree whose C(cfg/_config.yml) sets C(meta_state.backend=s3)
+    is read from that S3 store (the bucket, region and endpoint of the state backend it names),
+    so a checkout with no meta-state of its own lists what any other run recorded; otherwise
+    from the files of C(<config root>/meta-state/), and no AWS call is made."
+  - "With O(meta_state_backend=s3) the source file itself names the S3 store
+    (O(meta_state_bucket), O(meta_state_prefix), O(meta_state_region),
+    O(meta_state_endpoint)) and no configuration tree is read at all: the source works in an
+    empty directory, an AWX inventory source or an execution environment without a checkout.
+    Credentials come from the environment as boto3 finds them (C(AWS_ACCESS_KEY_ID)/C(AWS_SECRET_ACCESS_KEY)/C(AWS_SESSION_TOKEN),
+    O(meta_state_profile), an instance or container role), never from the source file.
+    Reading needs C(s3:ListBucket) and C(s3:GetObject) on the prefix; nothing is written."
   - The inventory source is a YAML file whose name ends with C(.csis.yml) or
     C(.csis.yaml), for example C(hosts.csis.yml), with C(plugin=csis.infra.meta_state).
   - An empty or missing meta-state gives an empty inventory. A corrupt meta-state file
@@ -44,7 +53,7 @@ description:
     read from the cache plugin until O(cache_timeout) expires, even if meta-state
     changed meanwhile. Use C(--flush-cache) (or C(ansible.builtin.meta: refresh_inventory) in a play) after a
     lifecycle run to see new instances at once. A cache entry made for another
-    O(config_root) is ignored."
+    O(config_root) or another S3 store is ignored."
 extends_documentation_fragment:
   - constructed
   - inventory_cache
@@ -56,13 +65,63 @@ options:
     choices: ['csis.infra.meta_state']
   config_root:
     description:
-      - The csis.infra configuration root whose C(meta-state/) directory is read.
+      - The csis.infra configuration root whose meta-state is read (not read with
+        O(meta_state_backend=s3)).
       - A relative path is relative to the directory of the inventory source file.
         C(~) and environment variables are expanded.
     type: str
     default: '.'
     env:
       - name: CSIS_CONFIG_ROOT
+  meta_state_backend:
+    description:
+      - Which meta-state store is read.
+      - V(auto) reads the store the configuration root declares in C(cfg/_config.yml)
+        (C(meta_state)), and C(<config root>/meta-state/) when it declares none.
+      - V(local) reads C(<config root>/meta-state/), whatever C(cfg/_config.yml) says.
+      - V(s3) reads the S3 store named by O(meta_state_bucket) and O(meta_state_prefix); no
+        configuration root is read (O(config_root) is ignored).
+    type: str
+    choices: ['auto', 'local', 's3']
+    default: 'auto'
+    env:
+      - name: CSIS_META_STATE_BACKEND
+  meta_state_bucket:
+    description:
+      - The bucket of the S3 store (with O(meta_state_backend=s3)), that is the C(bucket) of the
+        state backend the tree's C(meta_state.state_backend) names.
+    type: str
+    env:
+      - name: CSIS_META_STATE_BUCKET
+  meta_state_prefix:
+    description:
+      - The tree's C(meta_state.prefix) (with O(meta_state_backend=s3)); the records are under
+        C(s3://<bucket>/<prefix>/meta-state/). Empty when the tree sets none.
+    type: str
+    default: ''
+    env:
+      - name: CSIS_META_STATE_PREFIX
+  meta_state_region:
+    description: The bucket's region (with O(meta_state_backend=s3)); the environment's region when unset.
+    type: str
+    env:
+      - name: AWS_REGION
+      - name: AWS_DEFAULT_REGION
+  meta_state_endpoint:
+    description:
+      - The S3 endpoint URL (with O(meta_state_backend=s3)), for S3-compatible stores, VPC or
+        FIPS endpoints and local test endpoints; unset, boto3 chooses (C(AWS_ENDPOINT_URL_S3)
+        included).
+    type: str
+  meta_state_path_style:
+    description: Address the bucket in the URL path instead of the host name (with O(meta_state_backend=s3)).
+    type: bool
+    default: false
+  meta_state_profile:
+    description: The AWS profile boto3 takes the credentials from (with O(meta_state_backend=s3)).
+    type: str
+    env:
+      - name: AWS_PROFILE
   hostnames:
     description:
       - Which value names the host, in order of preference; the first one a record
@@ -114,6 +173,8 @@ notes:
     C(csis_instance_id) and C(csis_private_ip).
   - Reads take no lock; meta-state files are replaced atomically, so a source read
     while a run writes sees whole files.
+  - A damaged record (cut short, not YAML, the wrong shape) fails the source naming its file or
+    S3 object; nothing is skipped silently.
 seealso:
   - name: csis.infra inventory guide
     description: docs/inventory.md in the collection.
@@ -146,6 +207,18 @@ cache: true
 cache_plugin: ansible.builtin.jsonfile
 cache_connection: ~/.cache/csis-inventory
 cache_timeout: 600
+
+---
+# hosts.csis.yml in an empty directory (an AWX inventory source, an execution environment):
+# the S3 store of a tree whose cfg/_config.yml says
+#   meta_state: {backend: s3, state_backend: shared, prefix: platform}
+# and whose state backend "shared" has bucket my-tf-state in eu-west-1.
+# Credentials from the environment (AWS_* variables, AWS_PROFILE or a role).
+plugin: csis.infra.meta_state
+meta_state_backend: s3
+meta_state_bucket: my-tf-state
+meta_state_prefix: platform
+meta_state_region: eu-west-1
 """
 
 import os
@@ -154,10 +227,13 @@ from ansible.errors import AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import LocalObjects, S3Objects
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (
-    META_STATE_DIR, MetaState, MetaStateError, launched_instances)
+    META_STATE_DIR, MetaState, launched_instances)
 
-_CACHE_FORMAT = 1
+#: 2: entries name their store (``source``: the config root, or the S3 store's URL)
+_CACHE_FORMAT = 2
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -178,23 +254,45 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             root = os.path.join(os.path.dirname(os.path.abspath(path)), root)
         return os.path.normpath(root)
 
-    def _load_records(self, root):
-        if not os.path.isdir(root):
+    def _store(self, path):
+        """(what the records are read from, for messages and the cache entry; a function
+        opening the :class:`MetaState`)."""
+        backend = self.get_option("meta_state_backend") or "auto"
+        if backend != "s3":
+            root = self._config_root(path)
+            objects = LocalObjects(root) if backend == "local" else None
+            return root, lambda: MetaState(root, objects=objects)
+        bucket = (self.get_option("meta_state_bucket") or "").strip()
+        if not bucket:
+            raise AnsibleParserError("csis.infra.meta_state: %s: 'meta_state_backend: s3' needs 'meta_state_bucket' "
+                                     "(the bucket of the tree's meta_state.state_backend)" % path)
+        endpoint = (self.get_option("meta_state_endpoint") or "").strip()
+        access = {"region": self.get_option("meta_state_region") or None,
+                  "profile": self.get_option("meta_state_profile") or None,
+                  "endpoints": {"s3": endpoint} if endpoint else {},
+                  "s3_use_path_style": bool(self.get_option("meta_state_path_style"))}
+        objects = S3Objects(access, bucket, self.get_option("meta_state_prefix") or "")
+        # no tree: never read (or migrate) the local meta-state of the source's directory
+        return objects.where, lambda: MetaState(os.path.dirname(os.path.abspath(path)), objects=objects,
+                                                migrate_local=False)
+
+    def _load_records(self, source, open_store):
+        if not source.startswith("s3://") and not os.path.isdir(source):
             self.display.warning("csis.infra.meta_state: config root %s does not exist; "
-                                 "the inventory is empty" % root)
+                                 "the inventory is empty" % source)
         try:
-            ms = MetaState(root)
+            ms = open_store()
             records = launched_instances(ms)
             for notice in ms.notices:
                 self.display.warning("csis.infra.meta_state: %s" % notice)
             return records
-        except MetaStateError as exc:
+        except CsisError as exc:  # MetaStateError (named object), MissingDependency (boto3)
             msg = to_native(exc)
             if msg.startswith(META_STATE_DIR + "/"):
-                msg = os.path.join(root, msg)
+                msg = os.path.join(source, msg)
             raise AnsibleParserError("csis.infra.meta_state: %s" % msg)
 
-    def _get_cached(self, path, cache, root):
+    def _get_cached(self, path, cache, source):
         """Records from the cache (aws_ec2 semantics), or None on a miss."""
         if not cache or not self.get_option("cache"):
             return None
@@ -203,18 +301,18 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         except KeyError:
             return None
         if (not isinstance(entry, dict) or entry.get("format") != _CACHE_FORMAT
-                or entry.get("config_root") != root or not isinstance(entry.get("instances"), dict)):
+                or entry.get("source") != source or not isinstance(entry.get("instances"), dict)):
             return None
         return entry["instances"]
 
-    def _update_cache(self, path, cache, root, records, from_cache):
+    def _update_cache(self, path, cache, source, records, from_cache):
         if not self.get_option("cache"):
             return
         # an entry we just read is not rewritten: that would reset its timeout
         if from_cache:
             return
         self._cache[self.get_cache_key(path)] = {
-            "format": _CACHE_FORMAT, "config_root": root, "instances": records}
+            "format": _CACHE_FORMAT, "source": source, "instances": records}
 
     # -- building ----------------------------------------------------------------
 
@@ -352,12 +450,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache=cache)
         self._read_config_data(path)
-        root = self._config_root(path)
+        source, open_store = self._store(path)
 
-        records = self._get_cached(path, cache, root)
+        records = self._get_cached(path, cache, source)
         from_cache = records is not None
         if not from_cache:
-            records = self._load_records(root)
+            records = self._load_records(source, open_store)
 
         self._populate(records)
-        self._update_cache(path, cache, root, records, from_cache)
+        self._update_cache(path, cache, source, records, from_cache)

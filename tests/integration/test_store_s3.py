@@ -233,6 +233,43 @@ def test_the_inventory_plugin_lists_what_another_checkout_recorded(checkouts, aw
     assert sorted(hostvars) == ["web"]
 
 
+def test_an_inventory_source_names_the_s3_store_and_needs_no_tree(checkouts, aws_env, moto_endpoint, tmp_path):
+    """A *.csis.yml in an empty directory lists what a tree recorded in its S3 store: the source
+    names the bucket, prefix, region and endpoint itself; credentials come from the environment."""
+    with MetaState(str(checkouts("a"))).transaction() as txn:
+        txn.save_record(LP, "web", _launch(alias="front"))
+        txn.save_record(IS, "web", _current("i-7"))
+        txn.save_record(LP, "planned", dict(_launch(), launched=False))
+    empty = tmp_path / "no-tree"
+    empty.mkdir()
+    source = empty / "hosts.csis.yml"
+    options = {"plugin": "csis.infra.meta_state", "meta_state_backend": "s3", "meta_state_bucket": local_aws.STATE_BUCKET,
+               "meta_state_prefix": checkouts.prefix, "meta_state_region": local_aws.REGION,
+               "meta_state_endpoint": moto_endpoint.url, "meta_state_path_style": True, "hostnames": ["alias", "name"]}
+    source.write_text(yaml.safe_dump(options))
+    env = dict(aws_env, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="1")
+    for key in ("CSIS_AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        env.pop(key, None)  # the endpoint comes from the source file alone
+
+    def inventory(path):
+        return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-inventory"), "-i", str(path), "--list"],
+                              cwd=str(empty), env=env, capture_output=True, text=True, check=False)
+    proc = inventory(source)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["front"]  # "planned" is not launched
+    assert hostvars["front"]["csis_name"] == {"__ansible_unsafe": "web"}
+    assert hostvars["front"]["csis_instance_id"] == {"__ansible_unsafe": "i-7"}
+    assert sorted(p.name for p in empty.iterdir()) == ["hosts.csis.yml"]  # read only, nothing written here
+
+    # without the bucket: one message naming the source file and the option
+    options.pop("meta_state_bucket")
+    source.write_text(yaml.safe_dump(options))
+    proc = inventory(source)
+    assert proc.returncode != 0
+    assert "%s: 'meta_state_backend: s3' needs 'meta_state_bucket'" % source in proc.stderr
+
+
 def test_history_playbook_shows_each_step_and_a_record_as_of_a_revision(checkouts, aws_env):
     a = MetaState(str(checkouts("a")))
     for alias in ("first", "second"):

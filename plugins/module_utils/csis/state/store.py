@@ -688,7 +688,12 @@ class MetaState:
     ...     rec = txn.load_record("instance-state.yaml", "web")  # one record: reads only it
     """
 
-    def __init__(self, config_root: str, lock_timeout: Optional[float] = None, objects: Any = None) -> None:
+    def __init__(self, config_root: str, lock_timeout: Optional[float] = None, objects: Any = None,
+                 migrate_local: bool = True) -> None:
+        """``objects``: the backend (default: the one the tree at ``config_root`` declares);
+        ``migrate_local=False``: an S3 store given without its tree, never read from (nor
+        migrated from) ``<config_root>/meta-state/`` (:meth:`local_import`)."""
+        self._migrate_local = migrate_local
         self.config_root = os.path.abspath(os.path.expanduser(str(config_root)))
         self.dir = os.path.join(self.config_root, META_STATE_DIR)
         self.lock_timeout = lock_timeout_default() if lock_timeout is None else float(lock_timeout)
@@ -853,7 +858,7 @@ class MetaState:
     def local_import(self) -> Optional["MetaState"]:
         """An S3 meta-state that has no revision yet, in a tree whose ``meta-state/`` holds files:
         the local meta-state it is read from until its first transaction imports it (None otherwise)."""
-        if self.objects.kind == "local" or self._revision()[0] > 0:
+        if not self._migrate_local or self.objects.kind == "local" or self._revision()[0] > 0:
             return None
         local = MetaState(self.config_root, lock_timeout=self.lock_timeout, objects=LocalObjects(self.config_root))
         if local.objects.exists() and any(local.exists(name) for name in FILES):
