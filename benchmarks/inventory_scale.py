@@ -11,13 +11,20 @@ configuration root (the local store: one file per record), then times:
   reader cache warm, as after any earlier read), and with no reader cache at all;
 * ``ansible-inventory --list`` without cache (cold);
 * ``ansible-inventory --list`` with the jsonfile cache: the call that fills it and a
-  warm call served from it.
+  warm call served from it;
+* ``ansible-inventory --graph`` (the plugin's parse, without the CLI's per-host variables and
+  JSON), and ``--list`` of the same host names from an INI file with no variables (what
+  ansible-core itself costs at that many hosts, whatever the plugin);
+* validate of a generated N-instance tree (``benchmarks/render_scale.py``'s tree: each
+  instance with its own EBS volume and a shared EFS) with matching meta-state (every instance
+  launched, every storage active): ``config.validate.load_and_validate`` in-process, and the
+  ``playbooks/validate.yml`` playbook.
 
 Prints a small table (best and median wall time of ``--repeat`` runs, the best
 CPU time, which is less sensitive to a busy machine, and the target of issue 10 where
 there is one). No thresholds are asserted.
 
-    .venv/bin/python benchmarks/inventory_scale.py [--count 10000] [--repeat 3] [--keep]
+    .venv/bin/python benchmarks/inventory_scale.py [--count 10000] [--repeat 3] [--keep] [--no-validate]
 """
 from __future__ import annotations
 
@@ -37,9 +44,14 @@ from typing import Callable, Dict, List, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
 sys.path.insert(0, str(ROOT / ".venv" / "collections"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import update_storage_read_model  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (  # noqa: E402
     MetaState, launched_instances)
+from render_scale import make_tree  # noqa: E402  (the render benchmark's N-instance tree)
 
 GROUPS = ["team", "ops", "data", "web", "batch"]
 IMAGES = ["base", "ubuntu-22.04", "gpu", "db"]
@@ -74,10 +86,38 @@ def generate(count: int) -> Tuple[Dict, Dict]:
     return {"instances": params}, {"instances": states}
 
 
+def validate_meta_state(root: str, count: int) -> None:
+    """Meta-state matching ``render_scale.make_tree(count)``: every instance launched (its launch
+    parameters computed from the tree, as the recorder does) with its open generation, every
+    storage active (and the storage read-model), in one transaction."""
+    tree = load_and_validate(root)[0]
+    params, states, storages = {}, {}, {}
+    for i, (name, inst) in enumerate(sorted(tree.instances.items())):
+        params[name] = dict(compute_launch_params(tree, {}, inst), launched=True, launched_run="bench_run")
+        states[name] = {"generation": {"durable": 1, "ephemeral": 0}, "history": [], "current": {
+            "number": 1, "kind": "durable", "instance_id": "i-%017x" % i, "private_ip": "10.1.%d.%d" % (i >> 8, i & 255),
+            "ami_id": "ami-%017x" % 1, "availability_zone": "us-east-2a", "opened_run": "bench_run",
+            "opened_at": "2026-11-29T06:13:54Z"}}
+    for i, name in enumerate(sorted(tree.storages)):
+        kind = tree.kind_of(tree.storage_builder_for(tree.storages[name]))["capability"]
+        facts = {"builder": tree.storages[name].type, "type": kind}
+        facts.update({"ebs": {"volume_id": "vol-%017x" % i, "availability_zone": "us-east-2a", "size": 50},
+                      "efs": {"file_system_id": "fs-%017x" % i}, "s3": {"bucket_name": name}}.get(kind, {}))
+        storages[name] = {"state": "active", "generation": 1, "history": [], "facts": facts}
+    assert len(params) == count
+    with MetaState(root).transaction("benchmarks/inventory_scale.py: validate tree") as txn:
+        txn.save("launch-params.yaml", {"instances": params})
+        txn.save("instance-state.yaml", {"instances": states})
+        txn.save("storage-state.yaml", {"storages": storages})
+        update_storage_read_model(txn, "bench_run")
+
+
 #: issue 10's targets at 10,000 launched instances
 TARGETS = {
     "1-instance transaction (save_record)": "< 0.100s",
     "ansible-inventory --list (no cache)": "< 1.5s",
+    "validate: load_and_validate()": "< 5s",
+    "validate: playbooks/validate.yml": "< 5s",
 }
 
 
@@ -97,14 +137,19 @@ def timed(fn: Callable[[], object], repeat: int) -> List[Tuple[float, float]]:
 
 
 def ansible_inventory(source: Path, *args: str) -> Callable[[], None]:
+    """One ``ansible-inventory -i source`` call: ``--list`` unless ``args`` name ``--graph``."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="1")
+    action = [] if "--graph" in args else ["--list"]
 
     def run() -> None:
-        proc = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(source), "--list", *args],
+        proc = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(source), *action, *args],
                               cwd=str(ROOT), env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit("ansible-inventory failed:\n" + proc.stderr)
-        run.hosts = len(json.loads(proc.stdout)["_meta"]["hostvars"])  # type: ignore[attr-defined]
+        if action:
+            run.hosts = len(json.loads(proc.stdout)["_meta"]["hostvars"])  # type: ignore[attr-defined]
+        else:
+            run.hosts = proc.stdout.count("|--node")  # type: ignore[attr-defined]
     return run
 
 
@@ -113,6 +158,7 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=10000, help="launched instances (default 10000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (default 3)")
     parser.add_argument("--keep", action="store_true", help="keep the generated tree and print its path")
+    parser.add_argument("--no-validate", action="store_true", help="leave out the validate rows (their tree takes a minute to write)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="csis-inv-bench-"))
@@ -182,6 +228,30 @@ def main() -> int:
         empty = work / "empty.csis.yml"
         empty.write_text("plugin: csis.infra.meta_state\nconfig_root: nothing-here\n")
         rows.append(("ansible-inventory --list (0 hosts, baseline)", timed(ansible_inventory(empty), args.repeat)))
+        graph = ansible_inventory(plain, "--graph")
+        rows.append(("ansible-inventory --graph (no cache)", timed(graph, args.repeat)))
+        ini = work / "names.ini"
+        ini.write_text("".join("node%05d\n" % i for i in range(args.count)))
+        rows.append(("ansible-inventory --list (INI, no vars: core's floor)", timed(ansible_inventory(ini), args.repeat)))
+
+        if not args.no_validate:
+            tree = make_tree(str(work), args.count)
+            validate_meta_state(tree, args.count)
+            validated = {}
+
+            def validate() -> None:
+                validated["tree"] = load_and_validate(tree)[0]
+            rows.append(("validate: load_and_validate()", timed(validate, args.repeat)))
+            assert len(validated["tree"].instances) == args.count
+
+            def playbook() -> None:
+                env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+                proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), str(ROOT / "playbooks" / "validate.yml"),
+                                       "-e", "csis_config_root=%s" % tree], cwd=str(ROOT), env=env,
+                                      capture_output=True, text=True, check=False)
+                if proc.returncode != 0:
+                    raise SystemExit("validate.yml failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+            rows.append(("validate: playbooks/validate.yml", timed(playbook, args.repeat)))
 
         assert loaded["n"] == args.count and cold.hosts == fill.hosts == warm.hosts == args.count  # type: ignore[attr-defined]
         print("csis.infra.meta_state inventory: %d launched instances (launch-params/ %.1f MB, "
