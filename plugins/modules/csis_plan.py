@@ -163,7 +163,8 @@ def main():
         binary_path=dict(type="str", default="terraform"),
         variables=dict(type="dict", default={}),
         replace=dict(type="list", elements="str", default=[]),
-        secrets=dict(type="dict", default={}),
+        # vault ciphertext (and where the tree holds it), not secret: the action plugin decrypts it
+        secrets=dict(type="dict", default={}, no_log=False),
         secret_env=dict(type="dict", default={}, no_log=True),
         timeout=dict(type="int", default=0),
     ), failure={"prefix": "plan: ", "changed": False}, supports_check_mode=True)

@@ -107,6 +107,7 @@ def test_vault_values_of_an_overlay_are_its_own_and_refused_in_its_config(tree):
     token = t.runtimes["aws-east2-runtime"].credentials.session_token
     assert (token.file, token.key) == ("overlays/creds.yml", "runtime_builders[0] (aws-east2-runtime).credentials.session_token")
     assert sorted(v.file for v in t.vaulted) == ["cfg/runtime-builders.yml", "overlays/creds.yml"]
+
     def where(values):
         return sorted((v.file, v.key) for v in values)
     assert where(loader.secret_values(tree, ["overlays/creds.yml"])[0]) == where(t.vaulted)
