@@ -278,7 +278,8 @@ def order_lines(cascade: Mapping[str, Any]) -> List[str]:
     for i, ph in enumerate(cascade["phases"], 1):
         what = []
         if ph["undeclare"]:
-            what.append("undeclare %s" % ", ".join(ph["undeclare"]))
+            what.append(("leave out %s (never applied)" if ph["phase"] == "storage" else "undeclare %s")
+                        % ", ".join(ph["undeclare"]))
         if ph["storage_states"]:
             what.append("request %s" % ", ".join("%s %s" % kv for kv in sorted(ph["storage_states"].items())))
         if ph["destroy_identity"]:

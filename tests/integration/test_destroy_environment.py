@@ -1,0 +1,91 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The cascade destroy of an environment end to end (real terraform, the session's moto server,
+real ansible-playbook), on the smallest tree that has every phase: one runtime in the example's
+environment, one EBS storage, one durable instance mounting it, the identity root of its group.
+
+Three playbook runs: ``site.yml`` applies the tree; ``destroy_environment.yml`` as a dry run
+prints the order and every destroy and changes nothing (meta-state byte-identical, no plan);
+the real cascade then decommissions the instance, archives the volume (snapshot kept, then the
+volume's destroy) and destroys the identity root, in that order, each root through plan,
+gate (with its whitelist), apply-check and apply. The endpoint (boto3) and meta-state are
+read back.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from day2_trees import Runner, make_tree, meta, meta_bytes, register_ami, tail, text
+
+pytestmark = pytest.mark.integration
+
+TAG = "csis-cascade"
+DASK = "cascade-dask-pckr"
+RT = "aws-east2-runtime"
+ENV = "example-us-east-2"
+
+
+@pytest.fixture(scope="module")
+def tree(moto_endpoint, tmp_path_factory):
+    register_ami(moto_endpoint, DASK + "-1")
+    images = [{"name": "imgfile-basic-dask", "group": "coops", "name_pattern": DASK, "storage_types": ["ebs"],
+               "runtimes": [RT]}]
+    storages = [{"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"], "state": "active"}]
+    instances = [{"name": "test2", "image": "imgfile-basic-dask",
+                  "storages": [{"name": "mnt_data", "mount_point": "/mnt/data"}]}]
+    root = make_tree(str(tmp_path_factory.mktemp("cascade")), TAG, storages, instances, images=images)
+    t = Runner(root, moto_endpoint)
+    res = t.play("site.yml")
+    assert res.returncode == 0, tail(res)
+    return t
+
+
+def test_dry_run_prints_the_order_and_changes_nothing(tree):
+    before = meta_bytes(tree.root)
+    res = tree.play("destroy_environment.yml", real=False, environment=ENV)
+    assert res.returncode == 0, tail(res)
+    out = text(res).replace("''", "'")  # the YAML callback doubles the quotes of quoted lines
+    order = ["cascade of environment '%s' (runtimes: %s), leaves first:" % (ENV, RT),
+             "1. ephemeral (instance-image): nothing to do",
+             "2. durable (instance-image): undeclare test2",
+             "destroy instance-image-open-tofu: module.instance_test2",
+             "3. storage (storage): request mnt_data archived",
+             "storage-aws-ebs: snapshot storage 'mnt_data' as csis-mnt_data-archive (kept)",
+             "destroy storage-aws-ebs: module.storage_mnt_data",
+             "4. identity (identity): destroy the identity roots of posix-groups",
+             "destroy identity-posix-groups: module.identity",
+             "(dry run: nothing is planned or applied)"]
+    at = [out.find(x) for x in order]
+    assert -1 not in at and at == sorted(at), (at, out[-6000:])
+    assert "Plan to a plan file" not in out and "Plan:" not in out
+    assert meta_bytes(tree.root) == before
+
+
+def test_the_cascade_destroys_leaves_first(tree):
+    ec2 = tree.moto.client("ec2")
+    vol = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    iid = meta(tree.root, "instance-state.yaml")["instances"]["test2"]["current"]["instance_id"]
+    res = tree.play("destroy_environment.yml", environment=ENV)
+    assert res.returncode == 0, tail(res)
+    out = text(res)
+    plans = re.findall(r"([\w-]+): Plan: (\d+) to add, (\d+) to change, (\d+) to destroy", out)
+    destroyed = [k for k, _a, _c, d in plans if d != "0"]
+    assert sorted(set(destroyed), key=destroyed.index) == ["instance-image-open-tofu", "storage-aws-ebs", "identity-posix-groups"], plans
+    assert all(a == "0" for _k, a, _c, _d in plans), plans  # a cascade creates nothing
+    # the endpoint: the machine and the volume are gone, the archive snapshot is kept
+    state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state in ("terminated", "shutting-down")
+    assert not [v for v in ec2.describe_volumes()["Volumes"] if v["VolumeId"] == vol]
+    snaps = ec2.describe_snapshots(OwnerIds=["self"], Filters=[{"Name": "tag:Name", "Values": ["csis-mnt_data-archive"]},
+                                                              {"Name": "tag:csis_config", "Values": [TAG]}])["Snapshots"]
+    assert [s["VolumeId"] for s in snaps] == [vol]
+    # meta-state: the instance decommissioned (its history kept), the storage archived
+    assert "test2" not in meta(tree.root, "launch-params.yaml")["instances"]
+    hist = meta(tree.root, "instance-state.yaml")["instances"]["test2"]
+    assert hist["current"] is None and hist["history"][-1]["instance_id"] == iid
+    rec = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]
+    assert rec["state"] == "archived" and rec["facts"]["archive"] == "csis-mnt_data-archive"
+    assert [h["to"] for h in rec["history"]][-1] == "archived"
