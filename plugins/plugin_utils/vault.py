@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 
+from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.parsing.vault import AnsibleVaultError, VaultLib
 
-try:  # the library needs nothing but Python; its config package imports pydantic lazily-guarded
+try:  # plain Python of the collection's library (no pydantic needed for these two)
     from ansible_collections.csis.infra.plugins.module_utils.csis.config import secrets
     from ansible_collections.csis.infra.plugins.module_utils.csis.yamlio import Vaulted
 except ImportError:  # pragma: no cover - the collection is installed as a whole
@@ -84,6 +85,22 @@ def resolve(loader, secret_map):
             raise AnsibleActionFail(str(failed[0]))
         out[name] = decrypt(value.ciphertext)
     return out
+
+
+def pipeline(connection):
+    """Make the task's module run read its arguments (clear values among them) from its standard
+    input, never from a temporary file of the module (Ansible's pipelining, for this task's
+    connection only). Refuses a run that keeps those files (``ANSIBLE_KEEP_REMOTE_FILES``)."""
+    if C.DEFAULT_KEEP_REMOTE_FILES:
+        raise AnsibleActionFail("ANSIBLE_KEEP_REMOTE_FILES keeps the module's files, which would hold the root's "
+                                "decrypted !vault values: unset it for a run of a tree with secret fields")
+    try:
+        connection.set_option("pipelining", True)
+    except KeyError:  # a connection without the option: pipelining is then its own business
+        pass
+    if not connection.is_pipelining_enabled():
+        raise AnsibleActionFail("the root's decrypted !vault values go to the module by pipelining, which the "
+                                "connection %s does not do (become with a password prompt?)" % connection.transport)
 
 
 def tree_problems(loader, config_root, overlays):

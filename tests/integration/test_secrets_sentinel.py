@@ -113,7 +113,9 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     # the AWX artifacts, as the plan job publishes them: the tag value is part of the change
     assert "csis_plan_changes" in planned.out and "csis_approved_plans" in planned.out, planned.tail()
     assert TAG_VALUE in planned.out
-    play("storage.yml")
+    applied = play("storage.yml")
+    # csis_plan got the decrypted values on its standard input, not in a module file on disk
+    assert "Pipelining is enabled." in applied.out
     play("state_query.yml")
     play("history.yml")
 
