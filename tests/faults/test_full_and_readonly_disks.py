@@ -10,7 +10,8 @@
   at its preflight, before anything is rendered or planned.
 * A read-only config root (a read-only bind mount: as root, ``chmod`` stops nothing): a real
   run stops at the preflight naming the meta-state directory and ``Read-only file system``;
-  nothing is written.
+  the store and the render (a dry run has no preflight probe) fail with one message naming
+  the path; nothing is written.
 
 (The truncated and garbage meta-state files are tests/integration/test_meta_state_damage.py
 and tests/unit/test_metastate.py; this file adds only what a real filesystem brings.)
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import e2e  # noqa: E402
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.pipeline import render  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState  # noqa: E402
 
 FILLER = ".filler"  # hidden: no meta-state reader lists it
@@ -172,10 +174,14 @@ def test_a_read_only_config_root_is_refused_naming_it(moto_endpoint, tmp_path):
         with pytest.raises(CsisError) as err:
             with MetaState(root).transaction("library") as txn:
                 txn.save("runs.yaml", {"runs": [{"run": "r2"}]})
+        # a dry run renders (and writes generated/) without the preflight's probe: one message too
+        with pytest.raises(CsisError) as rendered:
+            render(root, ["storage"], dry_run=True, overlays=[ep.overlay_path], prepare=False)
     assert run.rc != 0
     flat = " ".join(run.out.split())
     assert "meta-state: the directory %s cannot be written: Read-only file system" % meta_dir in flat, run.tail()
     assert "TASK [csis.infra.render : Render the storage roots]" not in run.out
     assert str(err.value).startswith("meta-state/"), err.value
     assert "Read-only file system" in str(err.value), err.value
+    assert str(rendered.value) == "%s: cannot render there: Read-only file system" % os.path.join(root, "generated")
     assert snapshot(root) == before

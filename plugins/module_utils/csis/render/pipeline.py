@@ -6,8 +6,9 @@ options): validate the tree (the same validation as csis_validate), plan the roo
 lifecycles, write those that changed, prepare them."""
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..apply.workspace import mask_url
 from ..config.validate import load_and_validate
@@ -16,7 +17,7 @@ from ..terraform import env_overrides
 from . import cascade as cascade_lib
 from .plan import LIFECYCLES, RenderOptions, RootPlan
 from .roots import plan_roots
-from .writer import compare, prepare_roots, vendor_modules, write_root
+from .writer import EmitError, compare, prepare_roots, vendor_modules, write_root
 
 GENERATED_GITIGNORE = """# written by csis.infra: run output, never commit
 .terraform/
@@ -30,6 +31,20 @@ unmount-receipts/
 """
 
 
+def _os_errors_named(fn: Callable[..., Dict[str, Any]]) -> Callable[..., Dict[str, Any]]:
+    """A file the render cannot write (a read-only or full config root) fails as one message
+    naming the path and the reason (EmitError), not as an exception out of the module."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            where = exc.filename or (args[0] if args else kwargs.get("config_root"))
+            raise EmitError("%s: cannot render there: %s" % (where, exc.strerror or exc)) from exc
+    return wrapper
+
+
+@_os_errors_named
 def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, only_runtime: Optional[str] = None,
            apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
            check_mode: bool = False, want_diff: bool = False, prepare: bool = True, workers: int = 4,
