@@ -1,0 +1,320 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The storage lifecycle's refusals and failures end to end, on the one-EBS tree: real
+ansible-playbook, real terraform and provider, the session's moto server.
+
+``ebs``: the example tree cut to one EBS volume (``tests/support/e2e.py``, ``make_ebs_tree``),
+applied ONCE per module through ``storage.yml``: every refusal (gate, apply-check, approval,
+binding), failed plan/apply, a killed apply, a second run on the tree. The tests run in file
+order and each leaves the tree as the next expects. (The example tree as a whole, through
+``scripts/demo`` and ``site.yml``, is ``test_lifecycle_e2e.py``: a separate file, so the two
+trees run on two workers.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import textwrap
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import e2e  # noqa: E402
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
+                       reason="needs terraform on PATH and the project venv"),
+]
+
+NOOP = "Plan: 0 to add, 0 to change, 0 to destroy"
+EBS_ADDR = "module.storage_mnt_data.aws_ebs_volume.this"
+EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+
+
+def overlays(ep, *more):
+    return [ep.overlay_path, e2e.APPLY_ALL] + list(more)
+
+
+def volume(ep, vid):
+    return ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
+
+
+def ebs_volume_id(root):
+    return e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+
+
+# ====================================================================== the one-EBS tree
+@pytest.fixture(scope="module")
+def ebs(moto_endpoint, tmp_path_factory):
+    parent = str(tmp_path_factory.mktemp("ebs"))
+    key = "e2e-%s" % uuid.uuid4().hex[:8]
+    root = e2e.make_ebs_tree(parent, key)
+    run = e2e.run_playbook("storage.yml", root, moto_endpoint.env, overlays=overlays(moto_endpoint),
+                           log=os.path.join(parent, "ebs-1.log"))
+    assert run.rc == 0, run.tail()
+    assert e2e.plan_summaries(run.out) == {"storage-aws-ebs": "Plan: 1 to add, 0 to change, 0 to destroy"}
+    vid = ebs_volume_id(root)
+    assert volume(moto_endpoint, vid)["Size"] == 100
+    return SimpleNamespace(root=root, parent=parent, key=key, vid=vid,
+                           root_dir=os.path.join(root, EBS_ROOT), log=lambda n: os.path.join(parent, n))
+
+
+def test_replacement_is_refused_by_the_gate(ebs, moto_endpoint):
+    storages = os.path.join(ebs.root, "storages", "storage0.yaml")
+    original = open(storages, "rb").read()
+    doc = e2e.read_yaml(storages)
+    doc["storages"][0]["availability_zone"] = "us-east-2b"       # a zone change replaces the volume
+    e2e.write_yaml(storages, doc)
+    before = e2e.meta_state_digest(ebs.root)
+    try:
+        run = e2e.run_playbook("storage.yml", ebs.root, moto_endpoint.env, overlays=overlays(moto_endpoint),
+                               log=ebs.log("replace.log"))
+    finally:
+        open(storages, "wb").write(original)
+    assert run.rc != 0
+    assert "DESTROY NOT WHITELISTED: %s" % EBS_ADDR in run.out, run.tail()
+    assert "Apply exactly that plan file" not in run.out
+    vol = volume(moto_endpoint, ebs.vid)
+    assert vol["AvailabilityZone"] == "us-east-2a" and vol["State"] in ("available", "in-use")
+    assert e2e.meta_state_digest(ebs.root) == before
+    # no record changed, and the audit trail holds the refusal (playbooks/history.yml)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
+    lines = history_report(ebs.root, root="storage-aws-ebs")["lines"]
+    assert any("gate refused storage-aws-ebs" in line and "DESTROY NOT WHITELISTED: %s" % EBS_ADDR in line
+               for line in lines), lines
+
+
+def test_apply_flag_turned_off_at_the_approval_prompt(ebs, moto_endpoint):
+    """An operator at the approval prompt; meanwhile the apply flag goes off: csis_apply_check refuses."""
+    e2e.set_storage_builder_size(ebs.root, "aws-ebs", 110)           # pending: an in-place resize
+    flag = os.path.join(ebs.parent, "apply-storage.yml")
+    e2e.write_yaml(flag, {"config": {"apply_storage": True}})
+    before = e2e.meta_state_digest(ebs.root)
+
+    def flag_off():
+        e2e.write_yaml(flag, {"config": {"apply_storage": False}})
+
+    run = e2e.run_playbook_at_prompt("storage.yml", ebs.root, moto_endpoint.env, flag_off,
+                                     overlays=[moto_endpoint.overlay_path, flag], log=ebs.log("flag-off.log"))
+    assert "Type 'yes' to apply them" in run.out, run.tail()
+    assert run.rc != 0
+    assert "apply_storage is false NOW in %s for root 'aws-ebs' -- not applying." % flag in run.out, run.tail()
+    assert "Apply exactly that plan file" not in run.out
+    assert volume(moto_endpoint, ebs.vid)["Size"] == 100
+    assert e2e.meta_state_digest(ebs.root) == before
+
+
+def test_no_approval_on_a_non_interactive_stdin(ebs, moto_endpoint):
+    before = e2e.meta_state_digest(ebs.root)
+    run = e2e.run_playbook("storage.yml", ebs.root, moto_endpoint.env, overlays=overlays(moto_endpoint),
+                           auto_approve=False, log=ebs.log("no-approval.log"))
+    assert run.rc != 0
+    assert "Not approved (stdin is not interactive): nothing applied." in run.out, run.tail()
+    assert "Apply exactly that plan file" not in run.out
+    assert volume(moto_endpoint, ebs.vid)["Size"] == 100
+    assert e2e.meta_state_digest(ebs.root) == before
+
+
+def test_failed_plan_and_failed_apply_leave_meta_state_and_do_not_block(ebs, moto_endpoint):
+    ep = moto_endpoint
+    before = e2e.meta_state_digest(ebs.root)
+    bad_plan = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep),
+                                env={"TF_CLI_ARGS_plan": "-var=nosuch=1"}, log=ebs.log("bad-plan.log"))
+    assert bad_plan.rc != 0 and "nosuch" in bad_plan.out, bad_plan.tail()
+    assert "Apply exactly that plan file" not in bad_plan.out
+    assert e2e.meta_state_digest(ebs.root) == before
+
+    # the apply itself fails (after plan, gate, approval, apply-check and the binding passed)
+    bad_apply = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep),
+                                 env={"TF_CLI_ARGS_apply": "-var=nosuch=1"}, log=ebs.log("bad-apply.log"))
+    assert bad_apply.rc != 0, bad_apply.tail()
+    assert "TASK [csis.infra.tofu_root : Apply exactly that plan file]" in bad_apply.out
+    assert "Record what the state now holds" not in bad_apply.out.split("Apply exactly that plan file", 1)[1]
+    assert volume(ep, ebs.vid)["Size"] == 100
+    assert e2e.meta_state_digest(ebs.root) == before
+    # the run summary names the root, the step that failed, and that nothing was applied
+    with open(os.path.join(ebs.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        entry = json.load(fh)["roots"]["storage-aws-ebs"]
+    assert entry["status"] == "failed" and entry["failed_step"].startswith("Apply exactly that plan file"), entry
+    assert entry["applied"] is False and entry["gate"]["verdict"] == "passed", entry
+
+    # the next run is not blocked (no stale lock, no stale plan) and records what it applied
+    good = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep), log=ebs.log("after-failures.log"))
+    assert good.rc == 0, good.tail()
+    assert e2e.plan_summaries(good.out) == {"storage-aws-ebs": "Plan: 0 to add, 1 to change, 0 to destroy"}
+    assert volume(ep, ebs.vid)["Size"] == 110
+    facts = e2e.meta(ebs.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]
+    assert facts["size"] == 110 and facts["volume_id"] == ebs.vid
+
+
+PLAN_FILE_CHECKS = textwrap.dedent("""\
+    - hosts: localhost
+      connection: local
+      gather_facts: false
+      vars:
+        tfplan: "{{ root_dir }}/tfplan"
+      tasks:
+        - name: untouched, the gated plan file verifies
+          csis.infra.csis_plan_binding: {project_path: "{{ root_dir }}", state: verified}
+          register: fresh
+        - name: terraform itself refuses the plan file once applied (state moved on)
+          community.general.terraform:
+            project_path: "{{ root_dir }}"
+            state: present
+            plan_file: "{{ tfplan }}"
+          environment: "{{ tf_env }}"
+          register: applied_again
+          ignore_errors: true
+
+        - name: tamper with the plan file
+          ansible.builtin.shell: cp tfplan tfplan.orig && printf 'x' >> tfplan
+          args: {chdir: "{{ root_dir }}"}
+        - csis.infra.csis_plan_binding: {project_path: "{{ root_dir }}", state: verified}
+          register: tampered
+          ignore_errors: true
+        - ansible.builtin.shell: mv tfplan.orig tfplan
+          args: {chdir: "{{ root_dir }}"}
+
+        - name: change the root after the plan (a stale plan)
+          ansible.builtin.shell: cp {{ tf_file }} {{ tf_file }}.orig && printf '\\n# edited after the plan\\n' >> {{ tf_file }}
+          args: {chdir: "{{ root_dir }}"}
+        - csis.infra.csis_plan_binding: {project_path: "{{ root_dir }}", state: verified}
+          register: stale_verify
+          ignore_errors: true
+        - csis.infra.csis_gate_plan: {project_path: "{{ root_dir }}", plan_file: tfplan}
+          environment: "{{ tf_env }}"
+          register: stale_gate
+          ignore_errors: true
+        - ansible.builtin.shell: mv {{ tf_file }}.orig {{ tf_file }}
+          args: {chdir: "{{ root_dir }}"}
+
+        - name: a missing plan file
+          ansible.builtin.file: {path: "{{ tfplan }}", state: absent}
+        - csis.infra.csis_gate_plan: {project_path: "{{ root_dir }}", plan_file: tfplan}
+          environment: "{{ tf_env }}"
+          register: missing_gate
+          ignore_errors: true
+        - csis.infra.csis_plan_binding: {project_path: "{{ root_dir }}", state: verified}
+          register: missing_verify
+          ignore_errors: true
+        - ansible.builtin.copy:
+            dest: "{{ result_file }}"
+            content: "{{ {'fresh': fresh, 'applied_again': applied_again, 'tampered': tampered,
+                          'stale_verify': stale_verify, 'stale_gate': stale_gate,
+                          'missing_gate': missing_gate, 'missing_verify': missing_verify} | to_json }}"
+""")
+
+
+def test_tampered_stale_and_missing_plan_files_are_refused(ebs, moto_endpoint):
+    """The real modules on the real root the previous test applied (its tfplan passed the gate)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import env_overrides
+    pb = ebs.log("plan-files.yml")
+    result = ebs.log("plan-files.json")
+    with open(pb, "w", encoding="utf-8") as fh:
+        fh.write(PLAN_FILE_CHECKS)
+    before = e2e.meta_state_digest(ebs.root)
+    run = e2e.run_playbook(pb, ebs.root, moto_endpoint.env, extra_vars={
+        "root_dir": ebs.root_dir, "result_file": result, "tf_env": env_overrides(),
+        "tf_file": "aws-ebs-storage-generation-storage-mnt_data.tf"}, log=ebs.log("plan-files.log"))
+    assert run.rc == 0, run.tail()
+    r = json.load(open(result, encoding="utf-8"))
+    assert not r["fresh"].get("failed"), r["fresh"]
+    assert r["applied_again"].get("failed") and "Saved plan is stale" in json.dumps(r["applied_again"]), \
+        r["applied_again"]
+    assert r["tampered"]["failed"] and "changed after the gate passed it" in r["tampered"]["msg"]
+    for k in ("stale_verify", "stale_gate"):
+        assert r[k]["failed"] and "STALE PLANFILE" in r[k]["msg"], r[k]
+        assert "aws-ebs-storage-generation-storage-mnt_data.tf" in r[k]["msg"], r[k]
+    for k in ("missing_gate", "missing_verify"):
+        assert r[k]["failed"] and "does not exist" in r[k]["msg"], r[k]
+    assert volume(moto_endpoint, ebs.vid)["Size"] == 110
+    assert e2e.meta_state_digest(ebs.root) == before
+
+
+def _state_lock_objects(ep, key):
+    return [o["Key"] for o in ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s/" % key)
+            .get("Contents", []) if o["Key"].endswith(".tflock")]
+
+
+def test_killed_apply_then_rerun_converges(ebs, moto_endpoint):
+    """SIGKILL the whole run (ansible-playbook and terraform) while terraform applies and
+    holds the S3 state lock; the next run releases the dead run's lock and converges."""
+    ep = moto_endpoint
+    storages = os.path.join(ebs.root, "storages", "storage0.yaml")
+    doc = e2e.read_yaml(storages)
+    doc["storages"].append({"name": "mnt_scratch", "mount_point": "/mnt/scratch", "groups": ["coops"],
+                            "state": "active"})
+    e2e.write_yaml(storages, doc)
+    before = e2e.meta_state_digest(ebs.root)
+    proc = e2e.start_playbook("storage.yml", ebs.root, ep.env, ebs.log("killed.log"), overlays=overlays(ep))
+    # the apply runs as an async task: terraform and its supervisor work in the root, outside
+    # ansible-playbook's process tree; kill them with it (the case: no graceful stop at all)
+    hit = e2e.kill_tree_when(proc, lambda p: e2e.is_terraform_apply(p) and bool(_state_lock_objects(ep, ebs.key)),
+                             dirs=[ebs.root_dir])
+    assert hit is not None, open(ebs.log("killed.log"), encoding="utf-8").read()[-4000:]
+    assert not e2e.run_processes(proc.pid, [ebs.root_dir])
+    # meta-state never claims what did not happen
+    assert e2e.meta_state_digest(ebs.root) == before
+    assert "mnt_scratch" not in e2e.meta(ebs.root, "storage-state.yaml")["storages"]
+    assert _state_lock_objects(ep, ebs.key), "the killed apply left no lock (it is the case this test is about)"
+
+    rerun = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep), log=ebs.log("after-kill.log"))
+    assert rerun.rc == 0, rerun.tail()
+    assert "released a stale state lock" in rerun.out, rerun.tail()
+    assert not _state_lock_objects(ep, ebs.key)
+    # records match reality (the state's volumes exist; meta-state names the state's ids)
+    state = e2e.tf_state_pull(ebs.root_dir, ep.env)
+    ids = e2e.state_ids(state, "aws_ebs_volume")
+    assert len(ids) == 2
+    recs = e2e.meta(ebs.root, "storage-state.yaml")["storages"]
+    assert {recs["mnt_data"]["facts"]["volume_id"], recs["mnt_scratch"]["facts"]["volume_id"]} == set(ids)
+    assert recs["mnt_data"]["facts"]["volume_id"] == ebs.vid
+    assert recs["mnt_scratch"]["state"] == "active"
+    for vid in ids:
+        assert volume(ep, vid)["State"] in ("available", "in-use")
+
+
+def _run_lock_holder(root):
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
+
+    return runlock.holder(runlock.open_objects(root))
+
+
+def test_a_second_run_on_the_tree_is_refused_naming_the_first(ebs, moto_endpoint):
+    """Two runs on one tree at once (issue 16): the second one, started while the first
+    holds the tree, fails in one line naming it (csis_run_lock_timeout=0: no wait) before it
+    renders anything; the first finishes untouched, and its lock ends with it."""
+    import time
+
+    ep = moto_endpoint
+    first = e2e.start_playbook("storage.yml", ebs.root, ep.env, ebs.log("first.log"), overlays=overlays(ep))
+    try:
+        deadline = time.monotonic() + 120
+        # (the killed run of the test before may hold it for another half second: its watcher
+        # looks twice a second whether its run is still there)
+        while (_run_lock_holder(ebs.root) or {}).get("pid") != first.pid and first.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = _run_lock_holder(ebs.root)
+        assert held and held["pid"] == first.pid, open(ebs.log("first.log"), encoding="utf-8").read()[-3000:]
+        second = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep),
+                                  extra_vars={"csis_run_lock_timeout": 0}, log=ebs.log("second.log"))
+        assert second.rc != 0
+        line = " ".join(second.out.split())
+        assert "meta-state/.run.lock: this tree is held by pid %d on host" % first.pid in line, second.tail()
+        assert "playbooks/storage.yml" in line
+        assert "TASK [csis.infra.render : Render the storage roots]" not in second.out  # it rendered nothing
+    finally:
+        rc = first.wait(timeout=900)
+    assert rc == 0, open(ebs.log("first.log"), encoding="utf-8").read()[-3000:]
+    assert NOOP in open(ebs.log("first.log"), encoding="utf-8").read()
+    deadline = time.monotonic() + 10
+    while _run_lock_holder(ebs.root) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _run_lock_holder(ebs.root) is None, "the first run's lock outlived it"
