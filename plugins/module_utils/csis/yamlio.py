@@ -95,13 +95,12 @@ def config_loaders() -> Tuple[Any, Any, Any]:
         if not isinstance(node, yaml.ScalarNode):
             raise yaml.constructor.ConstructorError(
                 None, None, "a !vault value must be the text ansible-vault encrypt_string wrote (a scalar)", node.start_mark)
-        text = "".join(str(loader.construct_scalar(node)).split())
-        if not text.startswith("$ANSIBLE_VAULT;"):
+        # the envelope's header line, then the hex body (its line breaks and indentation dropped)
+        head, _sep, body = str(loader.construct_scalar(node)).strip().partition("\n")
+        if not head.startswith("$ANSIBLE_VAULT;"):
             raise yaml.constructor.ConstructorError(
                 None, None, "a !vault value must start with $ANSIBLE_VAULT; (the output of ansible-vault encrypt_string)",
                 node.start_mark)
-        # the envelope's header line, then the hex body: keep the header's line break
-        head, _sep, body = str(loader.construct_scalar(node)).strip().partition("\n")
         return Vaulted(head.strip() + "\n" + "".join(body.split()))
 
     for cls in (UniqueKeyLoader, PyUniqueKeyLoader):
