@@ -79,8 +79,8 @@ def test_the_cascade_destroys_leaves_first(tree):
     state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state in ("terminated", "shutting-down")
     assert not [v for v in ec2.describe_volumes()["Volumes"] if v["VolumeId"] == vol]
-    snaps = ec2.describe_snapshots(OwnerIds=["self"], Filters=[{"Name": "tag:Name", "Values": ["csis-mnt_data-archive"]},
-                                                              {"Name": "tag:csis_config", "Values": [TAG]}])["Snapshots"]
+    archive = [{"Name": "tag:Name", "Values": ["csis-mnt_data-archive"]}, {"Name": "tag:csis_config", "Values": [TAG]}]
+    snaps = ec2.describe_snapshots(OwnerIds=["self"], Filters=archive)["Snapshots"]
     assert [s["VolumeId"] for s in snaps] == [vol]
     # meta-state: the instance decommissioned (its history kept), the storage archived
     assert "test2" not in meta(tree.root, "launch-params.yaml")["instances"]
