@@ -67,6 +67,21 @@ options:
       - C(TF_VAR_<name>) to clear value, added to terraform's environment (set by the action plugin from O(secrets)).
     type: dict
     default: {}
+  release_stale_lock:
+    description:
+      - Before planning, do what M(csis.infra.csis_state_lock) does, in the same module run (the
+        C(csis.infra.tofu_root) role sets it for every root's plan). A root holding
+        C(errored.tfstate) is refused, an S3 state lock whose holder on this machine is gone is
+        released (with a warning naming it), any other lock is refused with its holder and the procedure.
+      - In check mode (terraform does not run) the lock is not looked at.
+    type: bool
+    default: false
+  real_binary:
+    description:
+      - The terraform (or tofu) binary itself when O(binary_path) is a wrapper (the role's
+        C(csis-tf-supervise)). O(release_stale_lock) runs its C(force-unlock) and names it in messages.
+      - Defaults to O(binary_path).
+    type: str
   timeout:
     description:
       - Seconds the plan may take. Past them terraform is interrupted (SIGINT, so it releases its state
@@ -107,6 +122,24 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
+state_lock:
+  description:
+    - With O(release_stale_lock), what the lock check found (as M(csis.infra.csis_state_lock) returns it).
+  returned: when O(release_stale_lock) is true, not in check mode
+  type: dict
+  contains:
+    locked:
+      description: Whether the state was locked when the module looked.
+      type: bool
+    released:
+      description: Whether the module released a stale lock.
+      type: bool
+    lock:
+      description: The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
+      type: dict
+    msg:
+      description: What was found or done.
+      type: str
 changes:
   description: Whether terraform planned any change (C(-detailed-exitcode) 2). Null in check mode.
   returned: always
@@ -144,6 +177,7 @@ stdout:
 import os
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import StateLockError
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import make_plan
 
 
@@ -152,8 +186,15 @@ def _plan(module, p):
         module.fail_json(msg="plan: secrets are decrypted by the csis_plan action plugin on the controller "
                              "(run the module as csis.infra.csis_plan, not through a module path)", changed=False)
     env = dict(os.environ, **{str(k): str(v) for k, v in p["secret_env"].items()}) if p["secret_env"] else None
-    return make_plan(p["project_path"], p["plan_file"], p["binary_path"], variables=p["variables"],
-                     replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode)
+    try:
+        result = make_plan(p["project_path"], p["plan_file"], p["binary_path"], variables=p["variables"],
+                           replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode,
+                           release_stale_lock=p["release_stale_lock"], real_binary=p["real_binary"])
+    except StateLockError as exc:  # the lock's own message, as csis_state_lock fails with it
+        module.fail_json(msg=str(exc), changed=False)
+    if (result.get("state_lock") or {}).get("released"):
+        module.warn(result["state_lock"]["msg"])
+    return result
 
 
 def main():
@@ -167,6 +208,8 @@ def main():
         secrets=dict(type="dict", default={}, no_log=False),
         secret_env=dict(type="dict", default={}, no_log=True),
         timeout=dict(type="int", default=0),
+        release_stale_lock=dict(type="bool", default=False),
+        real_binary=dict(type="str"),
     ), failure={"prefix": "plan: ", "changed": False}, supports_check_mode=True)
 
 

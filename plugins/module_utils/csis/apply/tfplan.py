@@ -12,6 +12,11 @@ uses no workspaces and the plan's outputs are read by nobody.
 (:mod:`.binding`) records that answer with the plan file's sha256; the gate trusts "empty" only
 for those very bytes and then needs no ``show -json`` (a second provider start). Any other
 plan goes through ``show -json`` as before.
+
+With ``release_stale_lock`` the plan first does what ``csis_state_lock`` does
+(:func:`.statelock.check_and_release`: refuse a root holding ``errored.tfstate``, release an S3
+state lock whose holder on this machine is gone, refuse any other lock): the role's plan of
+every root, in the same process (one module start per root less).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..terraform import TerraformError, terraform_env
 from .binding import open_binding, plan_path_of, read_binding, record_plan, sha256_file
+from .statelock import check_and_release
 
 _SUMMARY = re.compile(r"^(Plan: .*|No changes\..*)$", re.M)
 
@@ -84,19 +90,30 @@ def run_bounded(argv: Sequence[str], cwd: str, env: Mapping[str, str], timeout: 
 def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "terraform", *,
               variables: Optional[Mapping[str, Any]] = None, replace: Sequence[str] = (),
               env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
-              check_mode: bool = False) -> Dict[str, Any]:
+              check_mode: bool = False, release_stale_lock: bool = False,
+              real_binary: Optional[str] = None) -> Dict[str, Any]:
     """Open the plan binding, plan to ``plan_file``, record terraform's answer in the binding.
+
+    ``release_stale_lock``: first :func:`.statelock.check_and_release` (with ``real_binary``, the
+    terraform binary itself when ``binary_path`` is a wrapper: it runs the force-unlock and the
+    messages name it); its result is returned as ``state_lock``, and a lock it refuses raises
+    :class:`.statelock.StateLockError` before anything is planned. In check mode (no terraform
+    runs) the lock is not looked at.
 
     Raises :class:`TerraformError` when terraform fails (exit 1), times out or cannot start;
     the binding then records no plan and the gate refuses whatever plan file is there.
     In check mode nothing is written and terraform does not run.
     """
     root = os.path.abspath(project_path)
+    lock = (check_and_release(root, real_binary or binary_path, env=env)
+            if release_stale_lock and not check_mode else None)
     plan_path = plan_path_of(root, plan_file)
     opened = open_binding(root, plan_file, check_mode=check_mode)
     argv = plan_argv(binary_path, plan_path, variables, replace)
     result: Dict[str, Any] = {"changed": not check_mode, "plan_file": plan_path, "binding": opened["binding"],
                               "cmd": " ".join([os.path.basename(binary_path)] + argv[1:])}
+    if lock is not None:
+        result["state_lock"] = lock
     if check_mode:
         result.update(changes=None, summary="(check mode: not planned)")
         return result

@@ -511,8 +511,6 @@ class Networking(Strict):
         return list(seen.values())
 
 
-
-
 def check_ssh_path(v: str, what: str) -> str:
     if not isinstance(v, str) or not SSH_PATH_RE.match(v) or ".." in v.split("/"):
         raise ValueError("%s %s is not a plain file path (letters, digits, '_', '.', '+', '@', ',', '=', '-', '/', an "
