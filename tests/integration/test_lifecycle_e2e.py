@@ -209,5 +209,3 @@ def test_dry_run_plans_nothing(site, moto_endpoint):
         assert re.search(r"%s[\w.-]* would run:" % re.escape(key), run.out), key
     assert "plan -input=false -detailed-exitcode -out=tfplan" in run.out and "csis_gate_plan tfplan" in run.out
     assert e2e.meta_state_digest(root, with_state_dir=True) == before
-
-
