@@ -757,6 +757,10 @@ def read_meta(root: str, names: Iterable[str] = VALIDATE_META) -> Tuple[Dict[str
     except MetaStateError as exc:
         text = str(exc)
         return out, [Problem("cfg/_config.yml", "meta_state", text.split(": ", 1)[1] if text.startswith("cfg/") else text)]
+    try:
+        return ms.load_many(names), problems  # each file read once (their invariants relate them)
+    except MetaStateError:
+        pass  # one at a time below, so each file that does not load is named and the others still are read
     for n in names:
         try:
             out[n] = ms.load(n)
