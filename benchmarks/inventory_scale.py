@@ -246,6 +246,7 @@ def main() -> int:
 
             def validate() -> None:
                 validated["tree"] = load_and_validate(tree)[0]
+            rows.append(("validate: load_and_validate(), no reader cache", timed(validate, 1)))
             rows.append(("validate: load_and_validate()", timed(validate, args.repeat)))
             assert len(validated["tree"].instances) == args.count
 
