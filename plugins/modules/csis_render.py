@@ -19,7 +19,10 @@ description:
     modules, copied into C(<config_root>/generated/.modules/<collection version>/) (only when they differ)
     and referenced by relative paths, so a rendered tree plans wherever it is moved or checked out.
   - Then prepares every changed root, in parallel. A dry run runs C(fmt -check), C(init -backend=false)
-    and C(validate). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
+    and C(validate); the roots to validate are validated in one C(validate) run per binary (a
+    temporary root outside the tree calls each of them as a module, so the provider's schema loads
+    once), and each alone when that run fails, for its own message. A root unchanged since its last
+    successful fmt/init/validate is not prepared again. A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
     it does not validate, because its plan validates the same configuration seconds later
     (one provider start less per changed root).
   - Returns, per root, what the playbooks need to plan, gate and apply it.

@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -233,22 +234,46 @@ def prepare_key(plan_dir: str, binary: str, dry_run: bool) -> str:
     return h.hexdigest()
 
 
+UNCHANGED = "(unchanged since the last successful fmt/init/validate)"
+
+
+def _write_stamp(plan_dir: str, key: str) -> None:
+    stamp = os.path.join(plan_dir, STAMP)
+    os.makedirs(os.path.dirname(stamp), exist_ok=True)
+    with open(stamp, "w", encoding="utf-8") as fh:
+        fh.write(key + "\n")
+
+
+def _failed(plan_dir: str, r: Mapping[str, Any]) -> EmitError:
+    try:
+        os.unlink(os.path.join(plan_dir, STAMP))
+    except OSError:
+        pass
+    return EmitError("%s: '%s' failed (rc %d): %s"
+                     % (plan_dir, r["cmd"], r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]))
+
+
 def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
                  extra_env: Optional[Mapping[str, str]] = None, force: bool = False,
-                 fills_cache: bool = True, cache_filled: Optional[threading.Event] = None) -> List[Dict[str, Any]]:
+                 fills_cache: bool = True, cache_filled: Optional[threading.Event] = None,
+                 defer_validate: bool = False) -> List[Dict[str, Any]]:
     """fmt, init, validate in one root; raises EmitError naming the failing command.
 
     Skipped when the same root was already prepared successfully with the same inputs
     (a stamp in ``.terraform/``), so re-rendering an unchanged tree costs no provider load.
+    ``defer_validate``: stop before ``validate`` and write no stamp (:func:`prepare_roots`
+    validates such roots together, then stamps them).
     """
     key = prepare_key(plan_dir, binary, dry_run)
     stamp = os.path.join(plan_dir, STAMP)
     if not force and (_read(stamp) or "").strip() == key:
         if cache_filled is not None and fills_cache:
             cache_filled.set()
-        return [{"cmd": "(unchanged since the last successful fmt/init/validate)", "rc": 0, "stdout": "", "stderr": ""}]
+        return [{"cmd": UNCHANGED, "rc": 0, "stdout": "", "stderr": ""}]
     done = []
     for args in terraform.prepare_steps(dry_run, backend_file):
+        if defer_validate and args[0] == "validate":
+            continue
         if args[0] == "init":
             # the first init of a batch may fill the shared plugin cache: alone; the others
             # wait for it, then share the lock (they only link what the cache holds)
@@ -264,37 +289,111 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
             r = terraform.run(binary, args, plan_dir, extra_env)
         done.append(r)
         if r["rc"] != 0:
-            try:
-                os.unlink(stamp)
-            except OSError:
-                pass
             if cache_filled is not None and fills_cache:
                 cache_filled.set()
-            raise EmitError("%s: '%s' failed (rc %d): %s"
-                            % (plan_dir, r["cmd"], r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]))
-    os.makedirs(os.path.dirname(stamp), exist_ok=True)
-    with open(stamp, "w", encoding="utf-8") as fh:
-        fh.write(key + "\n")
+            raise _failed(plan_dir, r)
+    if not defer_validate:
+        _write_stamp(plan_dir, key)
     return done
+
+
+VARIABLE_LINE = re.compile(r'^variable "([A-Za-z_][A-Za-z0-9_-]*)" \{', re.M)
+
+
+def _declared_variables(plan_dir: str) -> List[str]:
+    """The input variables a rendered root declares (its files are in fmt form: one
+    ``variable "<name>" {`` line each)."""
+    out: List[str] = []
+    for n in _manifest(plan_dir):
+        if n.endswith(".tf"):
+            out.extend(VARIABLE_LINE.findall(_read(os.path.join(plan_dir, n)) or ""))
+    return out
+
+
+def validate_together(binary: str, dirs: Sequence[str],
+                      extra_env: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """``validate`` many initialised roots in ONE terraform process: a temporary root outside
+    the tree calls each of them as a module (every input variable passed as an unknown
+    value, as ``validate`` treats a root's own inputs), so the provider's checksum and schema
+    are loaded once instead of once per root (most of a validate's CPU).
+
+    Returns the validate command's result when terraform says every root is valid, else
+    None: the caller then validates each root alone, for its own message (a root that only
+    a root module may hold, an ``import`` block say, fails here and passes there)."""
+    work = os.path.realpath(tempfile.mkdtemp(prefix="csis-validate-"))  # terraform walks ../ from the real cwd
+    try:
+        text = []
+        for i, d in enumerate(dirs):
+            names = _declared_variables(d)
+            text.extend('variable "r%d_%s" {}\n' % (i, n) for n in names)
+            text.append('module "root_%d" {\n  source = %s\n%s}\n' % (
+                i, json.dumps(os.path.relpath(os.path.realpath(d), work)), "".join("  %s = var.r%d_%s\n" % (n, i, n) for n in names)))
+        with open(os.path.join(work, "main.tf"), "w", encoding="utf-8") as fh:
+            fh.write("".join(text))
+        with terraform.plugin_cache_lock(exclusive=False, env=dict(os.environ, **(extra_env or {}))):
+            init = terraform.run(binary, ["init", "-input=false", "-no-color", "-backend=false"], work, extra_env)
+        if init["rc"] != 0:
+            return None
+        # exit 0: valid (the modules' "Backend configuration ignored" warnings aside)
+        r = terraform.run(binary, ["validate", "-no-color"], work, extra_env)
+        return r if r["rc"] == 0 else None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _validate_alone(plan_dir: str, binary: str, dry_run: bool,
+                    extra_env: Optional[Mapping[str, str]]) -> List[Dict[str, Any]]:
+    r = terraform.run(binary, ["validate", "-no-color"], plan_dir, extra_env)
+    if r["rc"] != 0:
+        raise _failed(plan_dir, r)
+    _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run))
+    return [r]
 
 
 def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool, workers: int = 4,
                   extra_env: Optional[Mapping[str, str]] = None) -> Dict[str, List[Dict[str, Any]]]:
-    """fmt/init/validate many roots in parallel: [(directory, binary, backend_file)]."""
+    """fmt/init/validate many roots in parallel: [(directory, binary, backend_file)].
+
+    In a dry run the roots that need a ``validate`` (not stamped) are validated together, one
+    terraform process per binary (:func:`validate_together`); when that fails, or a binary
+    has one such root, each is validated alone, in parallel. A root already prepared with
+    the same inputs is never validated again."""
     out: Dict[str, List[Dict[str, Any]]] = {}
     errors: List[str] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # the first root's init fills the plugin cache alone; the other roots' inits start when
         # it is done (or when the first root needed none) and share the cache lock
         first_done = threading.Event()
-        futs = {pool.submit(prepare_root, d, b, dry_run, bf, extra_env, False, i == 0, first_done): d
+        futs = {pool.submit(prepare_root, d, b, dry_run, bf, extra_env, False, i == 0, first_done, dry_run): (d, b)
                 for i, (d, b, bf) in enumerate(items)}
         for fut in futs:  # the first root ends however it ends: never leave the others waiting
             fut.add_done_callback(lambda _f: first_done.set())
             break
+        pending: Dict[str, List[str]] = {}
         for fut in concurrent.futures.as_completed(futs):
+            d, b = futs[fut]
             try:
-                out[futs[fut]] = fut.result()
+                out[d] = fut.result()
+            except EmitError as exc:
+                errors.append(str(exc))
+                continue
+            if dry_run and out[d][0]["cmd"] != UNCHANGED:
+                pending.setdefault(b, []).append(d)
+        alone: List[Tuple[str, str]] = []
+        for b, dirs in sorted(pending.items()):
+            dirs.sort()
+            together = validate_together(b, dirs, extra_env) if len(dirs) > 1 else None
+            if together is None:
+                alone.extend((d, b) for d in dirs)
+                continue
+            cmd = "%s validate -no-color (one run for %d roots)" % (os.path.basename(b), len(dirs))
+            for d in dirs:
+                _write_stamp(d, prepare_key(d, b, dry_run))
+                out[d].append(dict(together, cmd=cmd))
+        vfuts = {pool.submit(_validate_alone, d, b, dry_run, extra_env): d for d, b in alone}
+        for fut in concurrent.futures.as_completed(vfuts):
+            try:
+                out[vfuts[fut]].extend(fut.result())
             except EmitError as exc:
                 errors.append(str(exc))
     if errors:

@@ -1,0 +1,79 @@
+# -*- coding: utf-8 -*-
+"""A dry run validates the roots that need it in one terraform process (one provider
+checksum and schema load, render/writer.py ``validate_together``), never validates an
+unchanged root again, whichever lifecycles a render names, and names an invalid root by
+itself, with terraform's own message, as when each root was validated alone.
+
+Real terraform and the AWS provider from the mirror, on the no-backend tree (two storage
+roots, one instance root); no endpoint is reached (``init -backend=false``, ``validate``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Dict
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline as service
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import writer
+
+import render_trees as rt
+
+pytestmark = pytest.mark.integration
+
+UNCHANGED = [writer.UNCHANGED]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: Any) -> Dict[str, Any]:
+    """The storage dry run, then a render of both lifecycles, then the instance-image one."""
+    root = rt.copy_tree("nobackend", str(tmp_path_factory.mktemp("together")))
+    storage = service.render(root, ["storage"], dry_run=True)
+    both = service.render(root, ["storage", "instance-image"], dry_run=True)
+    instance = service.render(root, ["instance-image"], dry_run=True)
+    return {"root": root, "storage": storage, "both": both, "instance": instance}
+
+
+def _commands(res: Dict[str, Any]) -> Dict[str, Any]:
+    return {r["builder"]: r["commands"] for r in res["roots"]}
+
+
+def test_storage_roots_validate_in_one_run(rendered: Dict[str, Any]) -> None:
+    cmds = _commands(rendered["storage"])
+    assert set(cmds) == {"solo-ebs", "solo-s3"}
+    for builder, c in cmds.items():
+        assert c[0].startswith("terraform fmt -check") and "-backend=false" in c[1], (builder, c)
+        assert c[2] == "terraform validate -no-color (one run for 2 roots)", (builder, c)
+        assert os.path.isfile(os.path.join(rendered["root"], "generated", "storage", builder,
+                                           "storage-generation", writer.STAMP))
+
+
+def test_an_unchanged_root_is_never_validated_twice_across_lifecycles(rendered: Dict[str, Any]) -> None:
+    both = _commands(rendered["both"])
+    assert both["solo-ebs"] == UNCHANGED and both["solo-s3"] == UNCHANGED
+    # the one root left to validate is validated alone (no batch of one)
+    assert both["solo-tofu"][-1] == "terraform validate -no-color", both["solo-tofu"]
+    assert _commands(rendered["instance"]) == {"solo-tofu": UNCHANGED}
+    assert rendered["instance"]["changed"] is False
+
+
+def test_an_invalid_root_is_named_alone_with_terraforms_message(rendered: Dict[str, Any], tmp_path: Any) -> None:
+    """Together fails, so each root is validated alone: the error names the broken root and
+    terraform's diagnostic; the valid one is validated and stamped, and nothing else changes."""
+    root = os.path.join(str(tmp_path), "copy")
+    shutil.copytree(rendered["root"], root, symlinks=True)
+    gen = os.path.join(root, "generated", "storage")
+    ebs, s3 = (os.path.join(gen, b, "storage-generation") for b in ("solo-ebs", "solo-s3"))
+    os.unlink(os.path.join(ebs, writer.STAMP))
+    tf = sorted(n for n in os.listdir(s3) if n.endswith(".tf"))[0]
+    with open(os.path.join(s3, tf), "a", encoding="utf-8") as fh:
+        fh.write('\noutput "csis_broken" {\n  value = var.not_declared\n}\n')
+    with pytest.raises(writer.EmitError) as err:
+        writer.prepare_roots([(ebs, "terraform", None), (s3, "terraform", None)], dry_run=True)
+    msg = str(err.value)
+    assert msg.startswith(s3 + ": 'terraform validate -no-color' failed (rc 1):"), msg
+    assert "not_declared" in msg and ebs not in msg, msg
+    assert not os.path.exists(os.path.join(s3, writer.STAMP))
+    again = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
+    assert [c["cmd"] for c in again[ebs]] == UNCHANGED
