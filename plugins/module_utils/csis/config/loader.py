@@ -744,11 +744,19 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             entries = getattr(parsed, top)
             raw_entries = data.get(top) or []
             used: set = set()
+            # the raw indices of each name, in order: the key path of each parsed entry is the
+            # first raw entry of its name not used yet (salvaged lists may be shorter); one pass,
+            # not a scan per entry (10,000 instances)
+            raw_at: Dict[Any, List[int]] = {}
+            for i, r in enumerate(raw_entries):
+                name = m.normalize_builder_name(r.get("name")) if isinstance(r, dict) else None
+                if isinstance(name, str):  # a parsed entry's name is a string
+                    raw_at.setdefault(name, []).append(i)
             for idx, entry in enumerate(entries):
-                # find the raw index for the key path (salvaged lists may be shorter)
-                ridx = next((i for i, r in enumerate(raw_entries)
-                             if i not in used and isinstance(r, dict)
-                             and m.normalize_builder_name(r.get("name")) == entry.name), idx)
+                queue = raw_at.get(entry.name) or []
+                while queue and queue[0] in used:
+                    queue.pop(0)
+                ridx = queue.pop(0) if queue else idx
                 used.add(ridx)
                 key = "%s[%d] (%s)" % (top, ridx, entry.name)
                 ns = "builder" if kind in _BUILDER_KINDS else kind
