@@ -15,7 +15,12 @@ A one-EBS tree (the example tree cut to the storage ``mnt_data``: tests/support/
 Prints wall times and the overhead (playbook - bare), plus the playbook's slowest tasks
 (from ``profile_tasks``). No thresholds. See benchmarks/README.md ("Lifecycle overhead").
 
-Usage: .venv/bin/python benchmarks/lifecycle_overhead.py [--keep DIR]
+``--roots N`` (issue 12, target 2): the same tree with N EBS storage builders, one volume each,
+so the storage lifecycle has N roots (one in-memory host each, planned and applied in
+parallel); the bare figures are each root's own init/plan/apply run alone on a copy, and the
+ratio is the playbook's wall time over the slowest root's bare time (target: <= 1.2x).
+
+Usage: .venv/bin/python benchmarks/lifecycle_overhead.py [--keep DIR] [--roots N]
 """
 from __future__ import annotations
 
@@ -38,7 +43,6 @@ import local_aws  # noqa: E402
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env  # noqa: E402
 
-EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
 
 
 def bare(root_dir: str, env: Dict[str, str]) -> List[Tuple[str, float]]:
@@ -67,6 +71,38 @@ def bare(root_dir: str, env: Dict[str, str]) -> List[Tuple[str, float]]:
     return out
 
 
+def add_builders(root: str, n: int) -> List[str]:
+    """N EBS storage builders (aws-ebs, aws-ebs-2 ... aws-ebs-N), one volume each: N roots."""
+    builders_path = os.path.join(root, "cfg", "storage-builders.yml")
+    doc = e2e.read_yaml(builders_path)
+    ebs = next(b for b in doc["storage_builders"] if b["name"] == "aws-ebs")
+    names = ["aws-ebs"] + ["aws-ebs-%d" % i for i in range(2, n + 1)]
+    for name in names[1:]:
+        extra = dict(ebs, name=name)
+        extra.pop("is_default", None)
+        doc["storage_builders"].append(extra)
+    e2e.write_yaml(builders_path, doc)
+    storages = [{"name": "mnt_data", "mount_point": "/mnt/data", "is_default": True, "groups": ["coops"],
+                 "state": "active"}]
+    storages += [{"name": "vol%d" % i, "type": name, "mount_point": "/mnt/vol%d" % i, "groups": ["coops"],
+                  "state": "active"} for i, name in enumerate(names[1:], start=2)]
+    e2e.write_yaml(os.path.join(root, "storages", "storage0.yaml"), {"storages": storages})
+    return names
+
+
+def bare_copy(root: str, builder: str, key_from: str, key_to: str) -> str:
+    """A copy of the builder's rendered root next to it (same depth), with its own state key."""
+    src = os.path.join(root, "generated", "storage", builder, "storage-generation")
+    dst = os.path.join(root, "generated", "storage", builder, "bare-copy")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".terraform", "tfplan*", "unmount-receipts"))
+    for f in os.listdir(dst):
+        if f.endswith(".tfbackend.hcl"):
+            path = os.path.join(dst, f)
+            text = open(path, encoding="utf-8").read().replace(key_from, key_to)
+            open(path, "w", encoding="utf-8").write(text)
+    return dst
+
+
 def slowest_tasks(out: str, n: int = 6) -> List[str]:
     recap = out.split("TASKS RECAP", 1)[-1]
     return [m.group(1).strip() + " " + m.group(2) for m in
@@ -76,6 +112,7 @@ def slowest_tasks(out: str, n: int = 6) -> List[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--keep", help="work in this directory and keep it (default: a temporary one, removed)")
+    ap.add_argument("--roots", type=int, default=1, help="storage roots (EBS builders, one volume each); default 1")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="csis-lifecycle-bench-")
     os.makedirs(work, exist_ok=True)
@@ -87,6 +124,8 @@ def main() -> int:
         root = e2e.make_ebs_tree(work, "bench-playbook")
         overlays = [la.overlay_path, e2e.APPLY_ALL]
         rows: List[Tuple[str, float, str]] = []
+        if args.roots > 1:
+            return many_roots(root, ep_env, overlays, work, add_builders(root, args.roots))
 
         run = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "create.log"))
         if run.rc != 0:
@@ -94,14 +133,7 @@ def main() -> int:
         rows.append(("playbook, create", run.seconds, "; ".join(slowest_tasks(run.out, 4))))
 
         # the same rendered root, copied next to it (same depth: module sources resolve), own state key
-        src = os.path.join(root, EBS_ROOT)
-        dst = os.path.join(root, "generated", "storage", "aws-ebs", "bare-copy")
-        shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".terraform", "tfplan*", "unmount-receipts"))
-        for f in os.listdir(dst):
-            if f.endswith(".tfbackend.hcl"):
-                path = os.path.join(dst, f)
-                text = open(path, encoding="utf-8").read().replace("statefiles/bench-playbook/", "statefiles/bench-bare/")
-                open(path, "w", encoding="utf-8").write(text)
+        dst = bare_copy(root, "aws-ebs", "statefiles/bench-playbook/", "statefiles/bench-bare/")
         tf_env = terraform_env(e2e.run_env(ep_env))
         b = bare(dst, tf_env)
         rows.append(("bare, create", sum(s for _step, s in b), ", ".join("%s %.1fs" % x for x in b)))
@@ -124,8 +156,37 @@ def main() -> int:
     t = {name: secs for name, secs, _note in rows}
     for kind in ("create", "no-op"):
         over = t["playbook, %s" % kind] - t["bare, %s" % kind]
-        print("overhead (%s): %.1f s (%.1fx the bare terraform commands)"
+        print("overhead (%s): %.1f s (%.2fx the bare terraform commands; target <= 1.3x)"
               % (kind, over, t["playbook, %s" % kind] / max(t["bare, %s" % kind], 1e-9)))
+    return 0
+
+
+def many_roots(root: str, ep_env: Dict[str, str], overlays: List[str], work: str, builders: List[str]) -> int:
+    """Target 2: the playbook over N roots against each root's bare sequence run alone."""
+    rows: List[Tuple[str, float, str]] = []
+    for kind in ("create", "no-op"):
+        run = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "%s.log" % kind))
+        if run.rc != 0:
+            raise SystemExit("playbook run failed:\n" + run.tail())
+        rows.append(("playbook, %d roots, %s" % (len(builders), kind), run.seconds, "; ".join(slowest_tasks(run.out, 3))))
+    tf_env = terraform_env(e2e.run_env(ep_env))
+    bare_rows = {"create": [], "no-op": []}
+    for builder in builders:
+        dst = bare_copy(root, builder, "statefiles/bench-playbook/", "statefiles/bench-bare-%s/" % builder)
+        for kind in ("create", "no-op"):
+            steps = bare(dst, tf_env)
+            bare_rows[kind].append((builder, sum(s for _step, s in steps)))
+    print("| run | wall (s) | notes |")
+    print("|---|---:|---|")
+    for name, secs, note in rows:
+        print("| %s | %.1f | %s |" % (name, secs, note))
+    for kind in ("create", "no-op"):
+        slow = max(bare_rows[kind], key=lambda kv: kv[1])
+        print("| bare %s, slowest root alone (%s) | %.1f | each root: %s |" % (
+            kind, slow[0], slow[1], ", ".join("%.1f" % secs for _b, secs in bare_rows[kind])))
+    for (name, secs, _note), kind in zip(rows, ("create", "no-op")):
+        slow = max(secs_ for _b, secs_ in bare_rows[kind])
+        print("%s: %.2fx the slowest root's bare time (target <= 1.2x)" % (name, secs / max(slow, 1e-9)))
     return 0
 
 
