@@ -44,7 +44,6 @@ import local_aws  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env  # noqa: E402
 
 
-
 def bare(root_dir: str, env: Dict[str, str]) -> List[Tuple[str, float]]:
     """init, plan -out, apply <plan> (only if the plan has changes); [(step, seconds)]."""
     steps = [("init", ["init", "-input=false", "-no-color", "-reconfigure",

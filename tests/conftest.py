@@ -111,12 +111,12 @@ SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
 
 
 # -- order: the heaviest end-to-end files first ------------------------------------------
-# scripts/test runs `pytest -n 2 --dist loadfile`: xdist hands out whole files, a new one
+# scripts/test runs `pytest -n 3 --dist loadfile`: xdist hands out whole files, a new one
 # to a worker when at most 2 of its tests are left. Left alone it sorts the files by
 # their number of tests (--loadscope-reorder, on by default), which puts the many-test
 # unit files first and the few-test, minutes-long end-to-end files last: one worker is
 # still in test_lifecycle_e2e.py long after the other ran out of work. Heaviest first
-# (longest-processing-time first) lets the short files fill both workers at the end.
+# (longest-processing-time first) lets the short files fill the workers at the end.
 #
 # Estimated from what each file runs (playbook runs over the example tree, terraform
 # applies; every S3 lifecycle configuration costs the provider's 55 s wait), heaviest
