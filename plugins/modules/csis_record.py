@@ -40,6 +40,14 @@ options:
       - When meta-state cannot take the record, the failure names it, with what terraform state holds, and says
         that a re-run records it.
     type: str
+  context:
+    description:
+      - What the run's audit record of this transaction names besides its changes (meta-state
+        C(audit/<revision>.yaml), M(csis.infra.csis_history)), for example C(lifecycle), C(root) and
+        C(plan_digest), the digest of the plan the gate passed and the apply applied.
+      - Values must not be secrets (secret-shaped values are redacted).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     details: In check mode nothing is read or written.
@@ -76,13 +84,15 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.record impor
 def _record(module, p):
     if module.check_mode:
         return dict(changed=False, msg="check mode: nothing recorded")
-    out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"], applied=p["applied"])
+    out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"], applied=p["applied"],
+                      context=p["context"])
     return dict(out, changed=bool(out.get("written")))
 
 
 def main():
     run_module(_record, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True), run_id=dict(type="str", required=True),
-                                      done_transitions=dict(type="list", elements="dict", default=[]), applied=dict(type="str")),
+                                      done_transitions=dict(type="list", elements="dict", default=[]), applied=dict(type="str"),
+                                      context=dict(type="dict", default={})),
                requires=("PyYAML",), supports_check_mode=True)
 
 

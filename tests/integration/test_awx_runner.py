@@ -209,5 +209,14 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     assert recs["mnt_data"]["state"] == "active"
     vol = ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
     assert vol["Size"] == 100
+    # the audit trail names the AWX job that recorded the apply, and the plan it applied (the
+    # approved digest): the lifecycle playbooks export AWX's extra vars to every module
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
+    recorded = [d for d in store.audit_trail(store.MetaState(root), storage="mnt_data")
+                if str(d.get("what", "")).startswith("csis_record")]
+    assert recorded, store.history_report(root)["lines"]
+    who, context = recorded[-1]["who"], recorded[-1]["context"]
+    assert (who.get("awx_user_name"), who.get("awx_job_id"), who.get("awx_workflow_job_id")) == ("bob", "44", "40"), who
+    assert (context["root"], context["plan_digest"]) == (ROOT_KEY, approved[ROOT_KEY]), context
     # the plan job's artifact is where AWX keeps it: in the job's events
     assert os.path.isdir(os.path.join(pdd, "artifacts", "plan"))

@@ -37,3 +37,26 @@ def test_no_event_and_no_change_commits_nothing(tmp_path):
 def test_a_secret_shaped_event_is_refused(tmp_path):
     with pytest.raises(store.MetaStateError):
         store.audit_event(str(tmp_path), {"kind": "failed", "root": "r", "token": "AKIAABCDEFGHIJKLMNOP"})
+
+
+def test_a_record_names_its_lifecycle_root_and_plan_digest_in_the_trail(tmp_path):
+    """csis_record's context (the role passes the lifecycle, the root and the digest of the plan the
+    gate passed and the apply applied) lands in the transaction's audit record and its history line."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    root = str(tmp_path)
+    rp = {"key": "storage-aws-ebs", "builder": "aws-ebs", "lifecycle": "storage", "directory": str(tmp_path),
+          "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs", "requested_state": "active",
+                                    "current_state": None, "address": "module.storage_mnt_data"}}}
+    state = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
+                            "name": "this", "instances": [{"attributes": {"id": "vol-0123abcd", "size": 100,
+                                                                          "availability_zone": "us-east-2a"}}]}]}
+    digest = "ab" * 32
+    context = {"lifecycle": "storage", "root": "storage-aws-ebs", "plan_digest": digest, "run_id": "r1"}
+    out = record.record_root(root, rp, "r1", state=state, context=context)
+    assert out["storages"]["mnt_data"] == [None, "active"]
+    (doc,) = store.audit_trail(store.MetaState(root), root="storage-aws-ebs")
+    assert doc["context"] == context
+    assert {c["file"] for c in doc["changes"]} >= {"storage-state.yaml"}
+    lines = store.history_report(root, storage="mnt_data")["lines"]
+    assert lines and all("(plan %s)" % digest[:12] in line for line in lines), lines

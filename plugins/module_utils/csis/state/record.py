@@ -67,12 +67,13 @@ def add_history(rec: Dict[str, Any], entry: Dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------- storages
 def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
-                        done_transitions: Iterable[Mapping[str, Any]] = ()) -> Dict[str, Any]:
+                        done_transitions: Iterable[Mapping[str, Any]] = (),
+                        context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record the storages of an applied storage root; returns {storage: (from, to)}."""
     res = resources(state)
     done = {(t.get("storage"), t.get("action")) for t in done_transitions}
     changes: Dict[str, Any] = {}
-    with ms.transaction("csis_record storage root %s" % root.get("builder")) as txn:
+    with ms.transaction("csis_record storage root %s" % root.get("builder"), context=context) as txn:
         data = txn.load("storage-state.yaml")
         recs = data.setdefault("storages", {})
         for name, info in sorted((root.get("storages") or {}).items()):
@@ -203,11 +204,12 @@ def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return _first(mine, "aws_instance")
 
 
-def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str) -> Dict[str, Any]:
+def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
+                         context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record the instances of an applied instance root; returns {instance: what happened}."""
     res = resources(state)
     out: Dict[str, Any] = {}
-    with ms.transaction("csis_record instance root %s" % root.get("builder")) as txn:
+    with ms.transaction("csis_record instance root %s" % root.get("builder"), context=context) as txn:
         lp_data, is_data, pins = load_instance_records(txn)
         lps = lp_data.setdefault("instances", {})
         iss = is_data.setdefault("instances", {})
@@ -305,19 +307,20 @@ def record_failed_message(root: Mapping[str, Any], state: Mapping[str, Any], exc
 
 def record_root(config_root: str, root: Mapping[str, Any], run: str,
                 done_transitions: Iterable[Mapping[str, Any]] = (), state: Optional[Mapping[str, Any]] = None,
-                applied: Optional[str] = None) -> Dict[str, Any]:
+                applied: Optional[str] = None, context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record what the root's terraform state holds (:func:`record_storage_root`,
     :func:`record_instance_root`). ``applied``: what this run applied to the root (its plan
-    summary), named by the :class:`RecordError` raised when meta-state cannot take the record."""
+    summary), named by the :class:`RecordError` raised when meta-state cannot take the record.
+    ``context`` (lifecycle, root, plan digest...) goes into the transaction's audit record."""
     ms = MetaState(config_root)
     if state is None:
         state = state_pull(root["directory"], root.get("binary") or "terraform")
     try:
         if root["lifecycle"] == "storage":
-            got = record_storage_root(ms, root, state, run, done_transitions)
+            got = record_storage_root(ms, root, state, run, done_transitions, context)
             key = "storages"
         elif root["lifecycle"] == "instance-image":
-            got = record_instance_root(ms, root, state, run)
+            got = record_instance_root(ms, root, state, run, context)
             key = "instances"
         else:
             return {"written": []}

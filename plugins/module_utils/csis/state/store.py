@@ -1586,11 +1586,15 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
             fields = (doc.get("revision"), doc.get("time"), by, event.get("kind", "event"), event.get("root", ""),
                       doc.get("what", ""), event.get("detail", ""))
             lines.append("r%s %s %s: %s %s [%s] -- %s" % fields)
+        context = doc.get("context") or {}
+        # the plan this transaction records the apply of (csis_record's context), when it says
+        plan = (" (plan %s)" % str(context["plan_digest"])[:12]) if context.get("plan_digest") else ""
         for change in doc.get("changes") or ([] if doc.get("events") else [{}]):
             head = "r%s %s %s: %s %s%s" % (doc.get("revision"), doc.get("time"), by, change.get("action", "-"),
                                            change.get("file", ""), "/" + change["key"] if change.get("key") else "")
             diff = "; ".join(change.get("diff") or [])
-            lines.append(head + (" [%s]" % doc.get("what") if doc.get("what") else "") + (" -- " + diff if diff else ""))
+            lines.append(head + (" [%s%s]" % (doc.get("what"), plan) if doc.get("what") else plan)
+                         + (" -- " + diff if diff else ""))
     out: Dict[str, Any] = {"where": ms.where, "revision": ms.revision(), "trail": trail, "lines": lines, "as_of": None}
     if revision is not None and (instance or storage):
         files = ("launch-params.yaml", "instance-state.yaml") if instance else ("storage-state.yaml", "storage.yaml")
