@@ -26,7 +26,6 @@ creates and records the volume, and meta-state then matches reality.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -40,13 +39,9 @@ import local_aws  # noqa: E402
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env  # noqa: E402
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
-EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+EBS_ROOT = e2e.EBS_ROOT
 FEW_ATTEMPTS = {"AWS_MAX_ATTEMPTS": "2"}
 
 

@@ -30,7 +30,6 @@ re-run then plans no create.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -41,13 +40,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
-EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+EBS_ROOT = e2e.EBS_ROOT
 STEP_TIMEOUT = 900  # a bound on a hung run, never a threshold the test asserts
 
 

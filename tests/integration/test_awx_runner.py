@@ -39,11 +39,7 @@ import e2e  # noqa: E402
 
 ansible_runner = pytest.importorskip("ansible_runner")
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
 ROOT_KEY = "storage-aws-ebs"
 PROJECT_TEMPLATE = os.path.join(e2e.REPO, "docs", "awx-project")

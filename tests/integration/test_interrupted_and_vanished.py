@@ -17,7 +17,6 @@ once for the module; the tests run in file order and each leaves the tree as the
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
@@ -29,13 +28,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
-EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+EBS_ROOT = e2e.EBS_ROOT
 
 
 def overlays(ep):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import textwrap
 from types import SimpleNamespace
@@ -24,11 +23,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
 NOOP = "Plan: 0 to add, 0 to change, 0 to destroy"
 

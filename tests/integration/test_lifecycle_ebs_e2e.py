@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import textwrap
 import uuid
@@ -26,15 +25,11 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
 NOOP = "Plan: 0 to add, 0 to change, 0 to destroy"
 EBS_ADDR = "module.storage_mnt_data.aws_ebs_volume.this"
-EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+EBS_ROOT = e2e.EBS_ROOT
 
 
 def overlays(ep, *more):

@@ -24,11 +24,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(e2e.PLAYBOOK_BIN),
-                       reason="needs terraform on PATH and the project venv"),
-]
+pytestmark = e2e.needs_terraform()
 
 
 def _chattr(flag, path):

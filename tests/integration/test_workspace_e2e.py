@@ -30,7 +30,7 @@ pytestmark = [
 
 ADD = "Plan: 1 to add, 0 to change, 0 to destroy"
 BRANCH = "update_storage-aws-ebs"
-EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
+EBS_ROOT = e2e.EBS_ROOT
 GIT_ENV = {"GIT_AUTHOR_NAME": "reviewer", "GIT_AUTHOR_EMAIL": "reviewer@example.org", "GIT_COMMITTER_NAME": "reviewer",
            "GIT_COMMITTER_EMAIL": "reviewer@example.org", "GIT_TERMINAL_PROMPT": "0"}
 

@@ -32,9 +32,23 @@ VENV_BIN = os.path.join(REPO, ".venv", "bin")
 PLAYBOOK_BIN = os.path.join(VENV_BIN, "ansible-playbook")
 APPLY_ALL = "overlays/apply-all.yml"
 RUN_OUTPUTS = ("generated", "meta-state", "state")
+#: the storage root of the one-EBS tree (:func:`make_ebs_tree`), relative to its config root
+EBS_ROOT = os.path.join("generated", "storage", "aws-ebs", "storage-generation")
 # environment a run must not inherit from the machine (or from a test that set it)
 _SCRUB = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
           "TF_CLI_ARGS", "TF_CLI_ARGS_plan", "TF_CLI_ARGS_apply", "TF_CLI_ARGS_init", "TF_LOG")
+
+
+def needs_terraform() -> List[Any]:
+    """The ``pytestmark`` of an end-to-end file: ``integration``, and skipped (saying why) without
+    terraform on PATH or the project venv's ansible-playbook."""
+    import shutil
+
+    import pytest
+
+    return [pytest.mark.integration,
+            pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(PLAYBOOK_BIN),
+                               reason="needs terraform on PATH and the project venv")]
 
 
 def copy_example_tree(parent: str, name: str = "examples") -> str:
