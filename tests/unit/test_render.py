@@ -556,3 +556,22 @@ def test_deferred_commands_without_apply_flag(variations: Dict[str, Any]) -> Non
     steps = p.deferred()
     assert steps[-1] == "(apply flag off: planned and gated only, nothing applied)"
     assert not any(" apply " in s or s.startswith("csis_record") for s in steps)
+
+
+def test_backend_settings_cut_short_by_a_killed_init_are_dropped_before_the_next_init(tmp_path):
+    """A run SIGKILLed during `terraform init` can leave .terraform/terraform.tfstate empty or cut
+    (seen in tests/faults/test_kill_at_every_step.py); every later init then fails with "Failed to
+    load state: invalid syntax". The render drops it before its init (init -reconfigure writes it
+    again from the backend file); a whole one is kept."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render import writer
+
+    root = tmp_path / "root"
+    (root / ".terraform").mkdir(parents=True)
+    settings = root / ".terraform" / "terraform.tfstate"
+    assert writer.drop_torn_backend_settings(str(root)) is False  # none: nothing to do
+    whole = '{"version": 3, "backend": {"type": "s3", "config": {}, "hash": 1}}'
+    settings.write_text(whole, encoding="utf-8")
+    assert writer.drop_torn_backend_settings(str(root)) is False and settings.read_text(encoding="utf-8") == whole
+    for torn in ("", '{"version": 3, "backend": {"ty', "\x00\x00", "[]"):
+        settings.write_text(torn, encoding="utf-8")
+        assert writer.drop_torn_backend_settings(str(root)) is True and not settings.exists(), torn

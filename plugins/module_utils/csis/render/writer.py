@@ -253,6 +253,33 @@ def _failed(plan_dir: str, r: Mapping[str, Any]) -> EmitError:
                      % (plan_dir, r["cmd"], r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]))
 
 
+#: where ``terraform init`` keeps a root's backend settings (not its state: the backend holds that)
+BACKEND_SETTINGS = os.path.join(".terraform", "terraform.tfstate")
+
+
+def drop_torn_backend_settings(plan_dir: str) -> bool:
+    """Remove ``.terraform/terraform.tfstate`` when it is not whole JSON; True when removed.
+
+    ``terraform init`` writes that file in place, so a run killed during an init (SIGKILL, a lost
+    machine) can leave it cut short, and every later ``init`` then fails with "Failed to load
+    state: invalid syntax" instead of converging. It holds only the root's backend settings,
+    which ``init -reconfigure`` writes again from the backend file; the state itself is in the
+    backend and is not touched."""
+    path = os.path.join(plan_dir, BACKEND_SETTINGS)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return False
+    try:
+        if isinstance(json.loads(data.decode("utf-8")), dict):
+            return False
+    except (ValueError, UnicodeDecodeError):
+        pass
+    os.remove(path)
+    return True
+
+
 def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
                  extra_env: Optional[Mapping[str, str]] = None, force: bool = False,
                  fills_cache: bool = True, cache_filled: Optional[threading.Event] = None,
@@ -275,6 +302,8 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
         if defer_validate and args[0] == "validate":
             continue
         if args[0] == "init":
+            # a run killed during an earlier init may have cut the backend settings short
+            drop_torn_backend_settings(plan_dir)
             # the first init of a batch may fill the shared plugin cache: alone; the others
             # wait for it, then share the lock (they only link what the cache holds)
             if cache_filled is not None and not fills_cache:
