@@ -20,7 +20,8 @@ description:
     (C(generated/storage/<builder>/storage-generation/)) and its terraform state does not hold the resource, the
     resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>), after releasing a
     stale state lock left by a killed run of this machine), so the next storage run manages it instead of planning
-    its create; a state holding another id at that address is refused. A failed import records nothing.
+    its create; a state holding another id at that address is refused, unless that id is gone from the
+    endpoint (it is then removed from the state first). A failed import records nothing.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3

@@ -178,11 +178,16 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
 _TF_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this", "s3": "aws_s3_bucket.this"}
 
 
-def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool) -> str:
+def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool,
+                        gone: Any = None) -> str:
     """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
     next storage run manages the imported resource instead of planning its create (which the gate
     refuses for a recorded storage). Only a rendered, initialised root is touched; a root never
-    rendered is left to its first run (which then plans the create: see docs/drift.md)."""
+    rendered is left to its first run (which then plans the create: see docs/drift.md).
+
+    A state that holds another id there is refused, unless ``gone(id)`` says every id it holds
+    is gone from the endpoint (a volume deleted out of band, the drift report's ``missing``): that
+    entry is then removed from the state (``state rm``) before the import."""
     directory = os.path.join(tree.root, root_dir("storage", builder.name))
     address = "module.storage_%s.%s" % (label(name), _TF_RESOURCE[stype])
     if not os.path.isdir(os.path.join(directory, ".terraform")):
@@ -198,19 +203,26 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
             for i in r.get("instances") or []]
     if held == [storage_id]:
         return "terraform state already holds %s as %s" % (storage_id, address)
-    if held:
+    stale = bool(held) and gone is not None and all(gone(h) for h in held)
+    if held and not stale:
         raise StateOpError("storage '%s': the terraform state of %s holds %s as %s, not %s: remove it first "
                            "(%s -chdir=%s state rm %s) if that resource is gone"
                            % (name, directory, ", ".join(str(h) for h in held), address, storage_id,
                               binary, directory, address))
+    dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
     if check:
-        return "would import %s into the terraform state of %s as %s" % (storage_id, directory, address)
+        return "would import %s into the terraform state of %s as %s%s" % (storage_id, directory, address, dropped)
     check_and_release(directory, binary)  # a stale lock left by a killed run of this machine
+    if stale:
+        res = terraform.run(binary, ["state", "rm", "-no-color", address], directory)
+        if res["rc"] != 0:
+            raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
+                               % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
     res = terraform.run(binary, ["import", "-input=false", "-no-color", address, storage_id], directory)
     if res["rc"] != 0:
         raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                            % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    return "imported %s into the terraform state of %s as %s" % (storage_id, directory, address)
+    return "imported %s into the terraform state of %s as %s%s" % (storage_id, directory, address, dropped)
 
 
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
@@ -236,12 +248,20 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
             raise StateOpError("storage '%s': %s is already recorded for storage '%s'" % (name, storage_id, other))
     rt = tree.builder_runtime(builder)
     ep = _endpoint(tree, rt.name if rt is not None else None, factory)
-    if stype == "ebs":
-        obs = lookup_volume(ep, storage_id)
-    elif stype == "efs":
-        obs = lookup_filesystem(ep, storage_id, False)
-    else:
-        obs = lookup_bucket(ep, storage_id, False)
+
+    def look(some_id: str) -> Dict[str, Any]:
+        if stype == "ebs":
+            return lookup_volume(ep, some_id)
+        if stype == "efs":
+            return lookup_filesystem(ep, some_id, False)
+        return lookup_bucket(ep, some_id, False)
+
+    def gone(some_id: str) -> bool:
+        """Known absent at the endpoint (not merely unreadable)."""
+        seen = look(str(some_id))
+        return "error" not in seen and not seen.get("present")
+
+    obs = look(storage_id)
     where = (ep.access.get("endpoints") or {}).get({"ebs": "ec2", "efs": "efs", "s3": "s3"}[stype]) \
         or "region %s" % ep.access.get("region")
     if "error" in obs:
@@ -262,7 +282,7 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     result: Dict[str, Any] = {"storage": name, "type": stype, "id": storage_id, "facts": facts, "written": [],
                               "changed": True}
     # terraform first: a failed import leaves meta-state as it was
-    result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check)
+    result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone)
     old = recs.get(name) or {}
     if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
         result["changed"] = result["terraform"].startswith("imported ")
