@@ -7,8 +7,9 @@
   test function's own hash, so every run (CI, a colleague's machine, a re-run after a
   failure) tries exactly the same inputs and a red build is reproducible by re-running it;
   a fuzz test never turns red on a change that did not touch what it tests. No example
-  database (nothing is written into the checkout). A generous per-example ``deadline``:
-  the machines are shared and busy, and the properties are about exceptions, not speed.
+  database (nothing is written into the checkout). No per-example ``deadline``: the machines
+  are shared and busy (a 5 s deadline failed the loader property once beside end-to-end runs),
+  and the properties are about exceptions, not speed; the number of examples bounds the run.
 * ``csis-explore``: random seeds and the example database under the system's temporary
   directory, for hunting new bugs locally, e.g.
   ``CSIS_FUZZ_PROFILE=csis-explore CSIS_FUZZ_SCALE=20 .venv/bin/python -m pytest -p no:cacheprovider tests/fuzz``.
@@ -30,7 +31,7 @@ settings.register_profile(
     "csis-ci",
     derandomize=True,
     database=None,
-    deadline=5000,  # ms per example; the terraform-backed HCL test sets its own
+    deadline=None,  # a timing threshold in a test: none (the examples' count bounds the run)
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -112,7 +112,7 @@ labels_text = strings.map(lambda s: unicodedata.normalize(
 @pytest.mark.integration
 # no shrinking: each step is a terraform run; the assertion messages name the value (fmt's diff,
 # the element that came back different)
-@settings(max_examples=30 * SCALE, deadline=60000, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(max_examples=30 * SCALE, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(values=st.lists(strings, min_size=1, max_size=40),
        # keys equal after NFC would be one key to terraform (a duplicate attribute)
        mapping=st.dictionaries(strings.filter(bool), strings, max_size=12).filter(
