@@ -29,6 +29,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.apply.applycheck i
 from ansible_collections.csis.infra.plugins.module_utils.csis.config import models as m
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, Problem
+from ansible_collections.csis.infra.plugins.module_utils.csis.yamlio import VALUE_ERRORS
 
 SCALE = int(os.environ.get("CSIS_FUZZ_SCALE", "1"))
 
@@ -94,7 +95,7 @@ RAW_YAML = [
     "", "---\n", "--- 1\n--- 2\n", "[]\n", "- 1\n", "x\n", "~\n", "!!binary aGVsbG8=\n", "!!python/object:os.system {}\n",
     "a: &a {x: 1}\nb: *a\n", "a: &a [1]\nb: {<<: *a}\n", "a: {<<: 5}\n", "a: {<<: [1, 2]}\n", "? [a, b]\n: 1\n",
     "? {a: 1}\n: 1\n", "a: *undefined\n", "a: !!int x\n", "a: !!float x\n", "a: !!timestamp 2024-99-99\n",
-    "a: !!str\n", "a: !custom x\n", "\t- x\n", "a:\n\t- x\n", "a: 'unterminated\n", "a: \"\\xZZ\"\n", '"\\ud800": 1\n',
+    "a: !!timestamp x\n", "a: !!bool x\n", "a: !!int _\n", "a: !!str\n", "a: !custom x\n", "\t- x\n", "a:\n\t- x\n", "a: 'unterminated\n", "a: \"\\xZZ\"\n", '"\\ud800": 1\n',
     "a: \"\\ud800\"\n", "a: 1\na: 2\n", "{a: 1, a: 1}\n", "a: [\n", "%YAML 9.9\n---\na: 1\n", "%TAG ! tag:x,2000:\n---\n!a b\n",
     "a: 2001-12-14t21:59:43.10-05:00\n", "a: 1_000\n", "a: 0b101\n", "a: 12:30:00\n", "a: .inf\n", "a: |\n  x\n b\n",
     "\ufeffa: 1\n", "a: \x85\n", "a: \u2028\n", "&a a: 1\n", "a: &x\n  - *x\n",
@@ -136,7 +137,7 @@ def _mutate_structure(text: str, draw: Any) -> Optional[str]:
     """One structural mutation of a YAML text; None when the text does not parse."""
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError,) + VALUE_ERRORS:  # an earlier mutation made it unreadable
         return None
     op = draw(st.sampled_from(["set", "set", "hostile", "delete", "add", "duplicate"]))
     path = _walk(data, draw)
@@ -346,8 +347,10 @@ def _set(text: str, dotted: str, value: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-#: PyYAML's constructors raised ValueError (a traceback) on a tag they cannot build
+#: PyYAML's constructors raised ValueError, KeyError, IndexError or AttributeError (a
+#: traceback) on a tag they cannot build
 TAGGED = ["config: !!int x\n", "config: !!float x\n", "config: {apply_storage: !!timestamp 2024-99-99}\n",
+          "config: {apply_storage: !!timestamp x}\n", "config: !!bool x\n", "config: !!int _\n",
           "config: " + "[" * 2000 + "]" * 2000 + "\n"]
 
 
@@ -358,7 +361,8 @@ def test_regression_tagged_values_in_config(tmp_path: Any, text: str) -> None:
     assert "YAML value that cannot be read" in exc.problems[0].message
 
 
-@pytest.mark.parametrize("text", ["storages: !!int x\n", "storages: {a: {state: !!float x}}\n"])
+@pytest.mark.parametrize("text", ["storages: !!int x\n", "storages: {a: {state: !!float x}}\n",
+                                  "storages: !!bool x\n", "storages: !!int _\n"])
 def test_regression_tagged_values_in_meta_state(tmp_path: Any, text: str) -> None:
     exc = _check(_tree_with(tmp_path, "meta-state/storage-state.yaml", text))
     assert exc is not None and any(p.file == "meta-state/storage-state.yaml" for p in exc.problems)
@@ -392,6 +396,8 @@ def test_regression_trailing_newline_refused(tmp_path: Any, rel: str, dotted: st
 @pytest.mark.parametrize("rel, body", [
     ("cfg/_config.yml", b"\x80config: {apply_storage: true}\n"),  # UnicodeDecodeError
     ("cfg/_config.yml", b"config: {apply_storage: !!int x}\n"),  # ValueError from the constructor
+    ("cfg/_config.yml", b"config: {apply_storage: !!bool x}\n"),  # KeyError from the constructor
+    ("cfg/_config.yml", b"config: {apply_storage: !!timestamp x}\n"),  # AttributeError
     (OVERLAY, b"config:\n  apply_storage: \xff\n"),
 ])
 def test_regression_apply_check_unreadable(tmp_path: Any, rel: str, body: bytes) -> None:

@@ -33,6 +33,13 @@ except ImportError:
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 #: the tag of an ansible-vault inline encrypted value (``ansible-vault encrypt_string``)
 VAULT_TAG = "!vault"
+#: what PyYAML's safe constructors raise, beside ``yaml.YAMLError``, on an explicitly tagged
+#: value they cannot build: ``!!int x`` (ValueError), ``!!bool x`` (KeyError), ``!!int _``
+#: (IndexError), ``!!timestamp x`` (AttributeError), ``!!timestamp 2024-99-99`` (ValueError),
+#: and on nesting too deep to build (RecursionError). Every reader of user or meta-state
+#: YAML turns these into its own clear message; ``UnicodeDecodeError`` is a ValueError too.
+VALUE_ERRORS: Tuple[type, ...] = (ValueError, TypeError, OverflowError, RecursionError,
+                                  AttributeError, KeyError, IndexError)
 
 
 class Vaulted:

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..config.flags import apply_flag_allows, describe_flag, narrow_by_apply_runtime, parse_apply_flag
 from ..errors import CsisError
-from ..yamlio import yaml
+from ..yamlio import VALUE_ERRORS, yaml
 
 __all__ = ["ApplyCheckRefused", "LIFECYCLE_KEYS", "find_config_root", "effective_config", "check_apply"]
 
@@ -74,7 +74,7 @@ def _load_config_mapping(path: str, required: bool) -> Dict[str, Any]:
                                 % (path, str(exc).replace("\n", " ")))
     except OSError as exc:
         raise ApplyCheckRefused("apply-check: cannot read %s (%s); refusing to apply" % (path, exc.strerror))
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+    except VALUE_ERRORS as exc:
         # not UTF-8 (UnicodeDecodeError), or a tagged value PyYAML cannot build (`!!int x`)
         raise ApplyCheckRefused("apply-check: %s cannot be read (%s); refusing to apply"
                                 % (path, str(exc).replace("\n", " ") or type(exc).__name__))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
 
 from ..errors import ConfigError, Problem
-from ..yamlio import Vaulted, config_loaders, yaml
+from ..yamlio import VALUE_ERRORS, Vaulted, config_loaders, yaml
 from . import hierarchy as h
 from . import models as m
 from . import secrets
@@ -91,7 +91,7 @@ def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[st
         problem = getattr(exc, "problem", None) or str(exc)
         problems.append(Problem(rel, "", "YAML syntax error%s: %s" % (pos, problem)))
         return None
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+    except VALUE_ERRORS as exc:
         # PyYAML's constructors raise these on a tagged value they cannot build
         # (`!!int x`, `!!timestamp 2024-99-99`) or on nesting too deep to build
         problems.append(Problem(rel, "", "YAML value that cannot be read: %s" % (str(exc) or type(exc).__name__)))

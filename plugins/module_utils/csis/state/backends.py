@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from .. import aws
 from ..errors import CsisError
 from ..fsutil import write_atomic
-from ..yamlio import meta_loader, yaml
+from ..yamlio import VALUE_ERRORS, meta_loader, yaml
 
 META_STATE_DIR = "meta-state"
 LOCK_NAME = ".lock"
@@ -664,7 +664,7 @@ def _read_yaml(path: str, shown: str) -> Any:
     try:
         with open(path, "rb") as handle:
             return yaml.load(handle.read().decode("utf-8"), Loader=meta_loader())  # noqa: S506 - a SafeLoader
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError) + VALUE_ERRORS as exc:
         raise MetaStateError("%s: cannot read the meta_state setting: %s" % (shown, exc)) from exc
 
 

@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from ..config.names import NAME_RE
 from ..fsutil import write_atomic
-from ..yamlio import meta_dumper, meta_loader, yaml
+from ..yamlio import VALUE_ERRORS, meta_dumper, meta_loader, yaml
 from .backends import (ABSENT, LOCK_NAME, META_STATE_DIR, Conflict, FileLock, LocalObjects, MetaStateError, NotWritable,
                        default_what, immutable, lock_timeout_default, now_iso, open_objects, who)
 
@@ -544,7 +544,7 @@ def _parse(name: str, text: str) -> Any:
         raise MetaStateError("%s: YAML syntax error%s: %s" % (_label(name), line, problem)) from exc
     except yaml.YAMLError as exc:
         raise MetaStateError("%s: YAML error: %s" % (_label(name), exc)) from exc
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+    except VALUE_ERRORS as exc:
         # PyYAML's constructors raise these on a tagged value they cannot build (`!!int x`)
         raise MetaStateError("%s: YAML value that cannot be read: %s; %s"
                              % (_label(name), str(exc) or type(exc).__name__, DAMAGED)) from exc
@@ -1464,6 +1464,9 @@ def _audit_doc(ms: MetaState, rel: str, raw: bytes) -> Dict[str, Any]:
         doc = yaml.load(text, Loader=meta_loader())  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise MetaStateError("%s: YAML error: %s" % (label, exc)) from exc
+    except VALUE_ERRORS as exc:
+        raise MetaStateError("%s: YAML value that cannot be read: %s; %s"
+                             % (label, str(exc) or type(exc).__name__, DAMAGED)) from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("changes"), list):
         raise MetaStateError("%s: is not an audit record; %s" % (label, DAMAGED))
     return doc
