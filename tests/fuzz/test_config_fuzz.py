@@ -95,7 +95,8 @@ RAW_YAML = [
     "", "---\n", "--- 1\n--- 2\n", "[]\n", "- 1\n", "x\n", "~\n", "!!binary aGVsbG8=\n", "!!python/object:os.system {}\n",
     "a: &a {x: 1}\nb: *a\n", "a: &a [1]\nb: {<<: *a}\n", "a: {<<: 5}\n", "a: {<<: [1, 2]}\n", "? [a, b]\n: 1\n",
     "? {a: 1}\n: 1\n", "a: *undefined\n", "a: !!int x\n", "a: !!float x\n", "a: !!timestamp 2024-99-99\n",
-    "a: !!timestamp x\n", "a: !!bool x\n", "a: !!int _\n", "a: !!str\n", "a: !custom x\n", "\t- x\n", "a:\n\t- x\n", "a: 'unterminated\n", "a: \"\\xZZ\"\n", '"\\ud800": 1\n',
+    "a: !!timestamp x\n", "a: !!bool x\n", "a: !!int _\n",
+    "a: !!str\n", "a: !custom x\n", "\t- x\n", "a:\n\t- x\n", "a: 'unterminated\n", "a: \"\\xZZ\"\n", '"\\ud800": 1\n',
     "a: \"\\ud800\"\n", "a: 1\na: 2\n", "{a: 1, a: 1}\n", "a: [\n", "%YAML 9.9\n---\na: 1\n", "%TAG ! tag:x,2000:\n---\n!a b\n",
     "a: 2001-12-14t21:59:43.10-05:00\n", "a: 1_000\n", "a: 0b101\n", "a: 12:30:00\n", "a: .inf\n", "a: |\n  x\n b\n",
     "\ufeffa: 1\n", "a: \x85\n", "a: \u2028\n", "&a a: 1\n", "a: &x\n  - *x\n",
@@ -361,6 +362,25 @@ def test_regression_tagged_values_in_config(tmp_path: Any, text: str) -> None:
     assert "YAML value that cannot be read" in exc.problems[0].message
 
 
+#: a node aliased inside itself sent the vault walker into a RecursionError; nested aliases
+#: (a "billion laughs") would keep every walk busy for hours
+LAUGHS = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+    "%s: &%s [%s]\n" % (chr(98 + i), chr(98 + i), ",".join(["*" + chr(97 + i)] * 10)) for i in range(9))
+SHAPES = [("a: &x\n  - *x\n", "a[0]: a YAML alias refers to a node that contains it (a cycle)"),
+          ("runtime_builders: [&r {name: x, more: [*r]}]\n", "runtime_builders[0].more[0]: a YAML alias refers"),
+          (LAUGHS, "its aliases expand to more than")]
+
+
+@pytest.mark.parametrize("text, message", SHAPES)
+def test_regression_cyclic_and_exploding_aliases(tmp_path: Any, text: str, message: str) -> None:
+    exc = _check(_tree_with(tmp_path, "cfg/runtime-builders.yml", text))
+    assert exc is not None and [p.file for p in exc.problems] == ["cfg/runtime-builders.yml"], exc
+    assert message in exc.problems[0].message
+    exc = _check(_tree_with(tmp_path / "meta", "meta-state/storage-state.yaml", text))
+    assert exc is not None and any(p.file == "meta-state/storage-state.yaml" and message in p.message
+                                   for p in exc.problems), exc
+
+
 @pytest.mark.parametrize("text", ["storages: !!int x\n", "storages: {a: {state: !!float x}}\n",
                                   "storages: !!bool x\n", "storages: !!int _\n"])
 def test_regression_tagged_values_in_meta_state(tmp_path: Any, text: str) -> None:
@@ -398,6 +418,7 @@ def test_regression_trailing_newline_refused(tmp_path: Any, rel: str, dotted: st
     ("cfg/_config.yml", b"config: {apply_storage: !!int x}\n"),  # ValueError from the constructor
     ("cfg/_config.yml", b"config: {apply_storage: !!bool x}\n"),  # KeyError from the constructor
     ("cfg/_config.yml", b"config: {apply_storage: !!timestamp x}\n"),  # AttributeError
+    ("cfg/_config.yml", b"config: &c {apply_storage: true, again: *c}\n"),  # a cycle
     (OVERLAY, b"config:\n  apply_storage: \xff\n"),
 ])
 def test_regression_apply_check_unreadable(tmp_path: Any, rel: str, body: bytes) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import traceback
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 try:
     import yaml
@@ -66,6 +66,56 @@ class Vaulted:
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "Vaulted":
         return Vaulted(self.ciphertext, self.file, self.key)
+
+
+#: the most values a document's aliases may expand to (a "billion laughs" document is a few
+#: lines whose aliases expand to billions; a 10,000-instance tree is well under a million)
+MAX_EXPANDED_VALUES = 10_000_000
+
+
+def shape_problem(data: Any, text: Optional[str] = None, limit: int = MAX_EXPANDED_VALUES) -> Optional[str]:
+    """Why a loaded document cannot be walked, or None. YAML aliases make shared nodes: a
+    node aliased inside itself (``a: &x [*x]``) is a cycle that every recursive walk (the
+    models, the vault walker, a dump) follows forever, and nested aliases can expand a few
+    lines into billions of values. Each distinct node is visited once (no recursion). With
+    the document's ``text``, a document without an anchor and an alias (most) is not walked."""
+    if text is not None and ("&" not in text or "*" not in text):
+        return None
+    on_path: set = set()
+    size: Dict[int, int] = {}
+    # an entry: (node, its parent's entry, its key in the parent, leaving?)
+    stack: List[Tuple[Any, Any, Any, bool]] = [(data, None, None, False)]
+    while stack:
+        entry = stack.pop()
+        node, _up, _key, leaving = entry
+        if leaving:
+            on_path.discard(id(node))
+            total = 1 + sum(size.get(id(c), 1) for c in (node.values() if isinstance(node, dict) else node))
+            if total > limit:
+                return "%s: its aliases expand to more than %d values (nested aliases, a 'billion laughs' " \
+                       "document)" % (_entry_path(entry), limit)
+            size[id(node)] = total
+            continue
+        if id(node) in on_path:
+            return "%s: a YAML alias refers to a node that contains it (a cycle)" % _entry_path(entry)
+        if id(node) in size:
+            continue
+        on_path.add(id(node))
+        here = (node, _up, _key, True)
+        stack.append(here)
+        for k, v in (node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(v, (dict, list)):
+                stack.append((v, here, k if isinstance(node, dict) else [k], False))
+    return None
+
+
+def _entry_path(entry: Any) -> str:
+    parts: List[str] = []
+    while entry is not None and entry[1] is not None:
+        key = entry[2]
+        parts.append("[%d]" % key[0] if isinstance(key, list) else ".%s" % key)
+        entry = entry[1]
+    return "".join(reversed(parts)).lstrip(".") or "the document"
 
 
 @functools.lru_cache(maxsize=None)

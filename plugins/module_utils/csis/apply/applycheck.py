@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..config.flags import apply_flag_allows, describe_flag, narrow_by_apply_runtime, parse_apply_flag
 from ..errors import CsisError
-from ..yamlio import VALUE_ERRORS, yaml
+from ..yamlio import VALUE_ERRORS, shape_problem, yaml
 
 __all__ = ["ApplyCheckRefused", "LIFECYCLE_KEYS", "find_config_root", "effective_config", "check_apply"]
 
@@ -78,6 +78,9 @@ def _load_config_mapping(path: str, required: bool) -> Dict[str, Any]:
         # not UTF-8 (UnicodeDecodeError), or a tagged value PyYAML cannot build (`!!int x`)
         raise ApplyCheckRefused("apply-check: %s cannot be read (%s); refusing to apply"
                                 % (path, str(exc).replace("\n", " ") or type(exc).__name__))
+    shape = shape_problem(doc)
+    if shape:
+        raise ApplyCheckRefused("apply-check: %s cannot be read (%s); refusing to apply" % (path, shape))
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
 
 from ..errors import ConfigError, Problem
-from ..yamlio import VALUE_ERRORS, Vaulted, config_loaders, yaml
+from ..yamlio import VALUE_ERRORS, Vaulted, config_loaders, shape_problem, yaml
 from . import hierarchy as h
 from . import models as m
 from . import secrets
@@ -95,6 +95,10 @@ def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[st
         # PyYAML's constructors raise these on a tagged value they cannot build
         # (`!!int x`, `!!timestamp 2024-99-99`) or on nesting too deep to build
         problems.append(Problem(rel, "", "YAML value that cannot be read: %s" % (str(exc) or type(exc).__name__)))
+        return None
+    shape = shape_problem(data, text)
+    if shape:
+        problems.append(Problem(rel, "", shape))
         return None
     want = "a mapping with key '%s:'" % top_key if top_key else "a mapping"
     if data is None:

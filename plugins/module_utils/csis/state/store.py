@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from ..config.names import NAME_RE
 from ..fsutil import write_atomic
-from ..yamlio import VALUE_ERRORS, meta_dumper, meta_loader, yaml
+from ..yamlio import VALUE_ERRORS, meta_dumper, meta_loader, shape_problem, yaml
 from .backends import (ABSENT, LOCK_NAME, META_STATE_DIR, Conflict, FileLock, LocalObjects, MetaStateError, NotWritable,
                        default_what, immutable, lock_timeout_default, now_iso, open_objects, who)
 
@@ -536,7 +536,7 @@ def _whole(name: str, text: str, size: int) -> None:
 
 def _parse(name: str, text: str) -> Any:
     try:
-        return yaml.load(text, Loader=meta_loader())  # noqa: S506 - a SafeLoader
+        data = yaml.load(text, Loader=meta_loader())  # noqa: S506 - a SafeLoader
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = (" at line %d, column %d" % (mark.line + 1, mark.column + 1)) if mark else ""
@@ -548,6 +548,10 @@ def _parse(name: str, text: str) -> Any:
         # PyYAML's constructors raise these on a tagged value they cannot build (`!!int x`)
         raise MetaStateError("%s: YAML value that cannot be read: %s; %s"
                              % (_label(name), str(exc) or type(exc).__name__, DAMAGED)) from exc
+    shape = shape_problem(data, text)
+    if shape:
+        raise MetaStateError("%s: %s; %s" % (_label(name), shape, DAMAGED))
+    return data
 
 
 # ---------------------------------------------------------------------------
