@@ -80,6 +80,11 @@ holder:
     C(pid) (its ansible-playbook), C(host), C(user), C(playbooks), C(csis_run_id), C(watcher_pid), AWX ids.
   returned: always
   type: dict
+waited:
+  description: Seconds this run waited for the lock (another run held the tree; a warning then names that run).
+  returned: when this run took the lock
+  type: float
+  sample: 0.1
 controller:
   description: >-
     The C(ansible-playbook) process of this run, whose end releases the lock: C(pid), C(start) (the kernel's start

@@ -281,14 +281,22 @@ def _run_lock_holder(root):
     return runlock.holder(runlock.open_objects(root))
 
 
-def test_a_second_run_on_the_tree_is_refused_naming_the_first(ebs, moto_endpoint):
-    """Two runs on one tree at once (issue 16): the second one, started while the first
-    holds the tree, fails in one line naming it (csis_run_lock_timeout=0: no wait) before it
-    renders anything; the first finishes untouched, and its lock ends with it."""
+def test_concurrent_runs_on_the_tree_wait_or_are_refused_naming_the_first(ebs, moto_endpoint):
+    """Two runs on one tree at once (issues 16 and 10). The first creates a volume. A run
+    started while the first holds the tree waits for it (the default csis_run_lock_timeout),
+    then plans nothing: the first's apply is in the state and in meta-state. A run that may
+    not wait (csis_run_lock_timeout=0) fails in one line naming the first before it renders
+    anything. The first finishes untouched, and its lock ends with it."""
     import time
 
     ep = moto_endpoint
+    storages = os.path.join(ebs.root, "storages", "storage0.yaml")
+    doc = e2e.read_yaml(storages)
+    doc["storages"].append({"name": "mnt_extra", "mount_point": "/mnt/extra", "groups": ["coops"],
+                            "state": "active"})
+    e2e.write_yaml(storages, doc)
     first = e2e.start_playbook("storage.yml", ebs.root, ep.env, ebs.log("first.log"), overlays=overlays(ep))
+    waiting = None
     try:
         deadline = time.monotonic() + 120
         # (the killed run of the test before may hold it for another half second: its watcher
@@ -298,18 +306,30 @@ def test_a_second_run_on_the_tree_is_refused_naming_the_first(ebs, moto_endpoint
             time.sleep(0.2)
         held = _run_lock_holder(ebs.root)
         assert held and held["pid"] == first.pid, open(ebs.log("first.log"), encoding="utf-8").read()[-3000:]
-        second = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep),
-                                  extra_vars={"csis_run_lock_timeout": 0}, log=ebs.log("second.log"))
-        assert second.rc != 0
-        line = " ".join(second.out.split())
-        assert "meta-state/.run.lock: this tree is held by pid %d on host" % first.pid in line, second.tail()
+        waiting = e2e.start_playbook("storage.yml", ebs.root, ep.env, ebs.log("waiting.log"), overlays=overlays(ep),
+                                     extra_vars={"csis_run_lock_timeout": 900})
+        refused = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep),
+                                   extra_vars={"csis_run_lock_timeout": 0}, log=ebs.log("refused.log"))
+        assert refused.rc != 0
+        line = " ".join(refused.out.split())
+        assert "meta-state/.run.lock: this tree is held by pid %d on host" % first.pid in line, refused.tail()
         assert "playbooks/storage.yml" in line
-        assert "TASK [csis.infra.render : Render the storage roots]" not in second.out  # it rendered nothing
+        assert "TASK [csis.infra.render : Render the storage roots]" not in refused.out  # it rendered nothing
     finally:
         rc = first.wait(timeout=900)
-    assert rc == 0, open(ebs.log("first.log"), encoding="utf-8").read()[-3000:]
-    assert NOOP in open(ebs.log("first.log"), encoding="utf-8").read()
+        rc_waiting = waiting.wait(timeout=900) if waiting is not None else None
+    first_out = open(ebs.log("first.log"), encoding="utf-8").read()
+    assert rc == 0, first_out[-3000:]
+    assert e2e.plan_summaries(first_out) == {"storage-aws-ebs": "Plan: 1 to add, 0 to change, 0 to destroy"}
+    waited_out = open(ebs.log("waiting.log"), encoding="utf-8").read()
+    assert rc_waiting == 0, waited_out[-3000:]
+    assert "waited" in waited_out and "for the run that held this tree (pid %d on host" % first.pid \
+        in " ".join(waited_out.split()), waited_out[-3000:]
+    assert e2e.plan_summaries(waited_out) == {"storage-aws-ebs": NOOP}
+    recs = e2e.meta(ebs.root, "storage-state.yaml")["storages"]
+    assert recs["mnt_extra"]["state"] == "active"
+    assert volume(ep, recs["mnt_extra"]["facts"]["volume_id"])["State"] in ("available", "in-use")
     deadline = time.monotonic() + 10
     while _run_lock_holder(ebs.root) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _run_lock_holder(ebs.root) is None, "the first run's lock outlived it"
+    assert _run_lock_holder(ebs.root) is None, "the runs' lock outlived them"

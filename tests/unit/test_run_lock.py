@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -77,6 +78,18 @@ def test_one_run_at_a_time_and_the_lock_ends_with_its_run(tmp_path: Any) -> None
         got2 = runlock.acquire(root, timeout=10, what="instance-image run", ctl=ctl2)
         assert got2["reentered"] is False
         assert runlock.holder(runlock.open_objects(root))["pid"] == second.pid
+
+        # a third run asks while the second holds it: it waits until the second ends, then
+        # holds the tree, and says how long it waited and for whom
+        third, ctl3 = _run()
+        ender = threading.Timer(1.5, second.kill)
+        ender.start()
+        got3 = runlock.acquire(root, timeout=30, what="storage run", ctl=ctl3)
+        ender.join()
+        assert got3["waited"] >= 1.5 and runlock.holder(runlock.open_objects(root))["pid"] == third.pid
+        assert [n for n in got3["notices"] if "waited" in n and "pid %d" % second.pid in n], got3["notices"]
+        third.kill()
+        third.wait()
     finally:
         for proc in (first, second):
             if proc.poll() is None:

@@ -36,7 +36,7 @@ import signal
 import time
 from typing import Any, Dict, List, Optional
 
-from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, open_objects
+from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, holder_text, open_objects
 
 RUN_LOCK_NAME = ".run.lock"
 #: seconds a second run waits for the tree (``csis_run_lock_timeout``)
@@ -187,7 +187,8 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
             csis_run_id: str = "", ctl: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Take the run lock of the tree at ``config_root`` for the run ``ctl`` (default:
     :func:`controller`), or find it already held by that run. Returns ``{where, reentered,
-    holder, notices}``; raises :class:`RunLockBusy` naming the holder after ``timeout`` seconds,
+    holder, notices, controller, waited}`` (``waited``: seconds until it held the tree);
+    raises :class:`RunLockBusy` naming the holder after ``timeout`` seconds,
     :class:`MetaStateError` when the store cannot be reached or written."""
     objects = open_objects(config_root)
     ctl = ctl or controller()
@@ -199,6 +200,7 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
              "csis_run_id": csis_run_id}
     if extra["playbooks"]:
         what = "%s: %s" % (what, " ".join(extra["playbooks"]))
+    started = time.monotonic()
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the watcher's side (it reports through the pipe)
@@ -222,8 +224,13 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
         raise MetaStateError(answer["error"])
     if not answer.get("ok"):
         raise MetaStateError("%s: the process that holds the run lock did not start" % where)
+    notices = list(answer.get("notices") or [])
+    waited = time.monotonic() - started
+    if current is not None and waited >= 1.0:  # another run held the tree when this one asked
+        notices.append("%s: waited %.0f s for the run that held this tree (%s) to end"
+                       % (where, waited, holder_text(current, extra=False)))
     return {"where": where, "reentered": False, "holder": answer.get("holder") or {},
-            "notices": answer.get("notices") or [], "controller": _public(ctl)}
+            "notices": notices, "controller": _public(ctl), "waited": round(waited, 1)}
 
 
 def _public(ctl: Dict[str, Any]) -> Dict[str, Any]:
