@@ -426,3 +426,11 @@ def test_regression_apply_check_unreadable(tmp_path: Any, rel: str, body: bytes)
     _write(root, rel, body)
     with pytest.raises(ApplyCheckRefused, match="cannot be read"):
         check_apply("storage", root="aws-ebs", overlays=[OVERLAY], config_root=root)
+
+
+def test_regression_apply_check_on_an_empty_config_file(tmp_path: Any) -> None:
+    """A truncated (empty) cfg/_config.yml reached the alias walk as None (a TypeError)."""
+    root = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+    _write(root, "cfg/_config.yml", b"")
+    with pytest.raises(ApplyCheckRefused, match="has no config: mapping"):
+        check_apply("storage", root="aws-ebs", overlays=[OVERLAY], config_root=root)

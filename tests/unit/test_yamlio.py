@@ -56,3 +56,8 @@ def test_a_document_without_anchors_is_not_walked_and_deep_nesting_does_not_recu
 def test_value_errors_cover_what_the_safe_constructors_raise(text: str) -> None:
     with pytest.raises(VALUE_ERRORS):
         yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("data", [None, "&x *x", 1, ["&", "*"]])
+def test_a_scalar_or_a_flat_document_has_no_shape_problem(data) -> None:
+    assert shape_problem(data) is None and shape_problem(data, "&a *a") is None

@@ -79,7 +79,7 @@ def shape_problem(data: Any, text: Optional[str] = None, limit: int = MAX_EXPAND
     models, the vault walker, a dump) follows forever, and nested aliases can expand a few
     lines into billions of values. Each distinct node is visited once (no recursion). With
     the document's ``text``, a document without an anchor and an alias (most) is not walked."""
-    if text is not None and ("&" not in text or "*" not in text):
+    if not isinstance(data, (dict, list)) or (text is not None and ("&" not in text or "*" not in text)):
         return None
     on_path: set = set()
     size: Dict[int, int] = {}

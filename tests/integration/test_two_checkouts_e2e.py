@@ -1,0 +1,118 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Two checkouts of one tree that share nothing but the cloud (issue 10), end to end: real
+ansible-playbook, real terraform and provider, the session's moto server.
+
+The tree declares the S3 meta-state store on its S3 state backend
+(``meta_state: {backend: s3, state_backend: s3-east2, prefix: ...}``), and every root's
+terraform state is on that backend too. Checkout A applies
+``site.yml`` (identity, one EBS volume, one instance mounting it). Checkout B is a second copy
+of the same declarations, as a fresh clone or an AWX execution node has them: no meta-state,
+no rendered roots, no terraform working directory. From B, the inventory plugin lists A's
+instance, and ``site.yml`` plans nothing: B reads the same terraform state and the same
+records. Neither checkout keeps a record on its own disk.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import uuid
+
+import pytest
+
+from day2_trees import Runner, make_tree, tail, text
+from trees import copy_as_shipped
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, launched_instances
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STORAGES = [{"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"], "state": "active"}]
+INSTANCES = [{"name": "test2", "image": "imgfile-basic-dask", "tags": {"hype": "test"},
+              "storages": [{"name": "mnt_data", "mount_point": "/mnt/data"}]}]
+RECORDS = ("launch-params.yaml", "instance-state.yaml", "storage-state.yaml", "pins.yaml")
+
+
+def _declare_s3_store(root: str, endpoint_url: str, prefix: str) -> None:
+    """The S3 store on the tree's own S3 state backend, whose endpoint is the session's moto
+    server (the store reads the tree's declaration, not a run's overlays)."""
+    path = os.path.join(root, "cfg", "state-backends.yml")
+    with open(path, encoding="utf-8") as fh:
+        backends = fh.read()
+    assert "url: http://127.0.0.1:5055" in backends
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(backends.replace("url: http://127.0.0.1:5055", "url: %s" % endpoint_url))
+    with open(os.path.join(root, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
+        fh.write("meta_state:\n  backend: s3\n  state_backend: s3-east2\n  prefix: %s\n" % prefix)
+    # every root's terraform state shared too (validate refuses a root on local state beside the
+    # s3 meta-state): the example's identity root keeps its state on the controller's disk
+    path = os.path.join(root, "cfg", "group-builders.yml")
+    with open(path, encoding="utf-8") as fh:
+        groups = fh.read()
+    assert "state_configuration: local-state" in groups
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(groups.replace("state_configuration: local-state", "state_configuration: s3-east2"))
+
+
+def _local_records(root: str) -> list:
+    found = []
+    for dirpath, _dirs, files in os.walk(os.path.join(root, "meta-state")):
+        found += [os.path.relpath(os.path.join(dirpath, f), root) for f in files if f in RECORDS]
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def clones(moto_endpoint, tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("two-checkouts"))
+    tag = "csis-2co-%s" % uuid.uuid4().hex[:6]
+    a = make_tree(os.path.join(base, "a"), tag, STORAGES, INSTANCES)
+    _declare_s3_store(a, moto_endpoint.url, "two-checkouts/%s" % tag)
+    # checkout B: the same declarations, nothing any run wrote
+    b = copy_as_shipped(a, os.path.join(base, "b", "examples"))
+    first = Runner(a, moto_endpoint).play("site.yml")
+    assert first.returncode == 0, tail(first)
+    assert re.search(r"instance-image-open-tofu: Plan: [1-9]\d* to add", text(first)), tail(first)
+    return a, b, moto_endpoint
+
+
+def test_a_second_checkout_sees_the_first_checkouts_instance_in_its_inventory(clones, tmp_path, monkeypatch):
+    a, b, ep = clones
+    for key, value in ep.env.items():  # this process reads the store too
+        monkeypatch.setenv(key, value)
+    assert not os.path.isdir(os.path.join(b, "meta-state")) or not _local_records(b)
+    launched = launched_instances(MetaState(b))
+    assert sorted(launched) == ["test2"]
+    iid = launched["test2"]["current"]["instance_id"]
+    reservations = ep.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"]
+    assert reservations[0]["Instances"][0]["State"]["Name"] in ("pending", "running")
+
+    source = tmp_path / "b.csis.yml"
+    source.write_text("plugin: csis.infra.meta_state\nconfig_root: %s\n" % b)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="1",
+               **ep.env)
+    proc = subprocess.run([os.path.join(REPO, ".venv", "bin", "ansible-inventory"), "-i", str(source), "--list"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["test2"]
+    assert hostvars["test2"]["csis_instance_id"] in (iid, {"__ansible_unsafe": iid})
+    # the records live in the store, on neither checkout's disk
+    assert _local_records(a) == [] and _local_records(b) == []
+
+
+def test_a_second_checkout_plans_nothing_the_first_applied(clones, monkeypatch):
+    a, b, ep = clones
+    for key, value in ep.env.items():
+        monkeypatch.setenv(key, value)
+    before = MetaState(b).revision()
+    res = Runner(b, ep).play("site.yml")
+    assert res.returncode == 0, tail(res)
+    summaries = dict(re.findall(r"([\w.-]+): (Plan: \d+ to add, \d+ to change, \d+ to destroy)", text(res)))
+    assert summaries and set(summaries.values()) == {"Plan: 0 to add, 0 to change, 0 to destroy"}, summaries
+    assert "instance-image-open-tofu" in summaries and "storage-aws-ebs" in summaries
+    assert MetaState(b).revision() == before  # nothing applied, nothing recorded
+    assert _local_records(b) == []
