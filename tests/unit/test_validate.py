@@ -101,3 +101,38 @@ def test_bad_input(path, tmp_path):
         assert "\n" not in str(p), p  # and prints on one line
     assert corpus.tree_hash(root) == before, "validation changed the tree"
     assert not os.path.exists(os.path.join(root, "meta-state")) or case.get("meta"), "validation created meta-state/"
+
+
+def test_the_s3_meta_state_needs_every_used_root_on_shared_state(example):
+    """A record in the shared store must not point at a terraform state on one controller's
+    disk: another checkout would plan to create again what exists (issue 10)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import validate_tree
+
+    with open(os.path.join(example, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
+        fh.write("meta_state: {backend: s3, state_backend: s3-east2}\n")
+    tree = load_tree(example)
+    found = [(p.file, p.key, p.message) for p in validate_tree(tree, {}, run_version=corpus.version_stub({}))]
+    assert found == [("cfg/group-builders.yml", "group_builders[0] (posix-groups).state_configuration",
+                      "keeps its terraform state in the local state backend 'local-state' (on one controller's disk); "
+                      "the s3 meta-state (cfg/_config.yml meta_state) shares records between checkouts, so every "
+                      "root's terraform state must be shared too: name an s3 state backend")]
+    corpus.apply_mutation(example, {"file": "cfg/group-builders.yml",
+                                    "set": {"group_builders.0.state_configuration": "s3-east2"}})
+    assert validate_tree(load_tree(example), {}, run_version=corpus.version_stub({})) == []
+    corpus.apply_mutation(example, {"file": "cfg/_config.yml", "set": {"config.use_state_backends": False}})
+    found = [(p.file, p.key) for p in validate_tree(load_tree(example), {}, run_version=corpus.version_stub({}))]
+    assert ("cfg/_config.yml", "config.use_state_backends") in found
+
+
+def test_an_unreadable_store_is_named_once(example, monkeypatch):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with open(os.path.join(example, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
+        fh.write("meta_state: {backend: s3, state_backend: s3-east2}\n")
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    store = [p for p in err.value.problems if p.file.startswith("s3://")]
+    assert len(store) == 1 and "cannot read" in store[0].message, err.value.problems

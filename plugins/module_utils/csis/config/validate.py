@@ -670,6 +670,42 @@ class Validation:
                                          "an s3 one (its bucket, region and endpoint hold the records)"
                                          % (setting.state_backend, backend.type)))
 
+    def meta_state_shares_states(self) -> None:
+        """With the s3 meta-state, every root's terraform state is shared too. A record in the
+        store that points at a state on one controller's disk makes every other checkout plan
+        to create again what exists (a second volume beside the recorded one)."""
+        t = self.t
+        setting = t.config_file.meta_state
+        if setting is None or setting.backend != "s3" or not self.config_known("use_state_backends"):
+            return
+        why = ("the s3 meta-state (cfg/_config.yml meta_state) shares records between checkouts, so every root's "
+               "terraform state must be shared too")
+        if not t.config.use_state_backends:
+            where = t.config_source.get("use_state_backends", "cfg/_config.yml")
+            self.problems.append(Problem(where, "config.use_state_backends",
+                                         "is off: each root would keep terraform.tfstate in its directory on this "
+                                         "controller; %s (turn it on and use an s3 state backend)" % why))
+            return
+        used: Dict[Tuple[str, str], Any] = {}
+        for inst in t.instances.values():
+            b = t.instance_builder_for(inst)
+            if b is not None:
+                used[("instance builder", b.name)] = b
+        for st in t.storages.values():
+            b = t.storage_builder_for(st)
+            if b is not None:
+                used[("storage builder", b.name)] = b
+        for g in t.groups.values():
+            b = t.group_builder_for(g)
+            if b is not None:
+                used[("group builder", b.name)] = b
+        for (kind, name), b in sorted(used.items()):
+            backend = t.backend_for(b)
+            if backend is not None and backend.type != "s3":
+                self.add(kind, name, "state_configuration",
+                         "keeps its terraform state in the %s state backend '%s' (on one controller's disk); %s: "
+                         "name an s3 state backend" % (backend.type, backend.name, why))
+
     def executables(self, run: Callable[[str], Tuple[Optional[str], Optional[str]]]) -> None:
         from packaging.specifiers import SpecifierSet
         from packaging.version import InvalidVersion, Version
@@ -707,6 +743,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.remote_state_needs()
     v.module_sources()
     v.meta_state_backend()
+    v.meta_state_shares_states()
     v.executables(run_version or terraform_version)
     v.immutability()
     v.released_builds()
@@ -765,7 +802,9 @@ def read_meta(root: str, names: Iterable[str] = VALIDATE_META) -> Tuple[Dict[str
         try:
             out[n] = ms.load(n)
         except MetaStateError as exc:
-            problems.append(_meta_problem(n, exc))
+            problem = _meta_problem(n, exc)
+            if problem not in problems:  # a store that cannot be read at all is named once
+                problems.append(problem)
     return out, problems
 
 
