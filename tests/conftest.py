@@ -132,6 +132,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_state_query.py",
     "tests/faults/test_kill_at_every_step.py",
     "tests/integration/test_interrupted_and_vanished.py",
+    "tests/integration/test_two_checkouts_e2e.py",
     "tests/integration/test_destroy_environment.py",
     "tests/integration/test_awx_runner.py",
     "tests/integration/test_molecule.py",
@@ -186,10 +187,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # files of --dist loadfile/loadscope by their number of tests
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
-    # terraform and the AWS provider (Go) collect garbage less often: about a quarter less CPU
-    # per terraform call for about a quarter more memory (benchmarks/README.md, "terraform and
-    # GOGC"). The suite is CPU-bound on 2 cores; every process it starts inherits this.
-    os.environ.setdefault("GOGC", "400")
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SHARED_MOTO_ENV):
         return
     if not getattr(config.option, "numprocesses", None):

@@ -22,9 +22,9 @@ description:
     and C(validate); the roots to validate are validated in one C(validate) run per binary (a
     temporary root outside the tree calls each of them as a module, so the provider's schema loads
     once), and each alone when that run fails, for its own message. A root unchanged since its last
-    successful fmt/init/validate is not prepared again. That one C(validate) process gets C(GOGC=400)
-    unless the environment sets C(GOGC) (less CPU for more memory, still less memory than one
-    process per root). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
+    successful fmt/init/validate is not prepared again. Every terraform process gets C(GOGC=400) and
+    C(GOMEMLIMIT=1GiB) unless the environment sets either (less CPU for a little more memory; see
+    docs/terraform.md). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
     it does not validate, because its plan validates the same configuration seconds later
     (one provider start less per changed root).
   - Returns, per root, what the playbooks need to plan, gate and apply it.

@@ -339,20 +339,6 @@ def _declared_variables(plan_dir: str) -> List[str]:
     return out
 
 
-#: Go's collector target for a dry run's validate when it runs as the only terraform process
-#: of the render (unless the environment sets GOGC): about 30% less CPU for a quarter more
-#: memory (benchmarks/README.md, "Dry run at 100 instances"), still less than the one
-#: process per root, in parallel, that it replaces
-SOLO_VALIDATE_GOGC = "400"
-
-
-def _solo_env(extra_env: Optional[Mapping[str, str]]) -> Dict[str, str]:
-    env = dict(extra_env or {})
-    if "GOGC" not in env and "GOGC" not in os.environ:
-        env["GOGC"] = SOLO_VALIDATE_GOGC
-    return env
-
-
 def validate_together(binary: str, dirs: Sequence[str],
                       extra_env: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
     """``validate`` many initialised roots in ONE terraform process: a temporary root outside
@@ -378,7 +364,7 @@ def validate_together(binary: str, dirs: Sequence[str],
         if init["rc"] != 0:
             return None
         # exit 0: valid (the modules' "Backend configuration ignored" warnings aside)
-        r = terraform.run(binary, ["validate", "-no-color"], work, _solo_env(extra_env))
+        r = terraform.run(binary, ["validate", "-no-color"], work, extra_env)
         return r if r["rc"] == 0 else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -433,9 +419,7 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
             for d in dirs:
                 _write_stamp(d, prepare_key(d, b, dry_run))
                 out[d].append(dict(together, cmd=cmd))
-        solo = len(alone) == 1  # one validate process: the together run's GOGC
-        vfuts = {pool.submit(_validate_alone, d, b, dry_run, _solo_env(extra_env) if solo else extra_env): d
-                 for d, b in alone}
+        vfuts = {pool.submit(_validate_alone, d, b, dry_run, extra_env): d for d, b in alone}
         for fut in concurrent.futures.as_completed(vfuts):
             try:
                 out[vfuts[fut]].extend(fut.result())
