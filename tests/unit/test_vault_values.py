@@ -190,3 +190,15 @@ def test_boto3_gets_static_credentials_only_when_the_caller_reveals_them(tree):
     assert access["credentials"] == {"aws_access_key_id": KEY_ID, "aws_secret_access_key": SECRET}
     creds = aws.client("sts", access)._request_signer._credentials  # pylint: disable=protected-access
     assert (creds.access_key, creds.secret_key) == (KEY_ID, SECRET)
+
+
+def test_a_vault_tag_spelled_through_a_tag_handle_is_still_placed(tree):
+    """The loader walks a file for !vault values only when its text can hold one: the tag
+    itself, or a %TAG directive (``%TAG !v! !va`` makes ``!v!ult`` the same tag)."""
+    ov = os.path.join(tree, "overlays", "handle.yml")
+    body = block("apply_storage", encrypt("true"), indent=2).replace("!vault |", "!v!ult |")
+    with open(ov, "w", encoding="utf-8") as fh:
+        fh.write("%TAG !v! !va\n---\nconfig:\n" + body)
+    _t, problems = loader.load_tree_partial(tree, overlays=["overlays/handle.yml"])
+    assert [(p.file, p.key) for p in problems] == [("overlays/handle.yml", "config.apply_storage")]
+    assert "allowed only at a secret field" in problems[0].message

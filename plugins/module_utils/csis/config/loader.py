@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
 
 from ..errors import ConfigError, Problem
-from ..yamlio import VALUE_ERRORS, Vaulted, config_loaders, shape_problem, yaml
+from ..yamlio import VALUE_ERRORS, VAULT_TAG, Vaulted, config_loaders, shape_problem, yaml
 from . import hierarchy as h
 from . import models as m
 from . import secrets
@@ -63,15 +63,22 @@ def _key_path_at(text: str, index: int) -> str:
 
 def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[str]) -> Optional[Dict[str, Any]]:
     """Read one YAML file that must hold a mapping; record a problem and return None on failure."""
+    return read_config_yaml(path, rel, problems, top_key)[0]
+
+
+def read_config_yaml(path: str, rel: str, problems: List[Problem],
+                     top_key: Optional[str]) -> Tuple[Optional[Dict[str, Any]], bool]:
+    """:func:`read_yaml`, and whether the text holds a ``!vault`` tag at all (when it does not,
+    :func:`place_vaulted` has nothing to find: a 10,000-instance file is not walked again)."""
     try:
         with open(path, "r", encoding="utf-8") as fh:
             text = fh.read()
     except UnicodeDecodeError as exc:
         problems.append(Problem(rel, "", "not UTF-8 text (byte %d)" % exc.start))
-        return None
+        return None, False
     except OSError as exc:
         problems.append(Problem(rel, "", "cannot read file: %s" % (exc.strerror or exc)))
-        return None
+        return None, False
     fast_loader, clear_loader, duplicate_key_error = config_loaders()
     try:
         try:
@@ -84,30 +91,30 @@ def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[st
                                 "%s (line %d, column %d): a key may appear only once in a mapping "
                                 "(YAML would silently keep the last one)"
                                 % (exc.problem.replace("found ", ""), mark.line + 1, mark.column + 1)))
-        return None
+        return None, False
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = " (line %d, column %d)" % (mark.line + 1, mark.column + 1) if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         problems.append(Problem(rel, "", "YAML syntax error%s: %s" % (pos, problem)))
-        return None
+        return None, False
     except VALUE_ERRORS as exc:
         # PyYAML's constructors raise these on a tagged value they cannot build
         # (`!!int x`, `!!timestamp 2024-99-99`) or on nesting too deep to build
         problems.append(Problem(rel, "", "YAML value that cannot be read: %s" % (str(exc) or type(exc).__name__)))
-        return None
+        return None, False
     shape = shape_problem(data, text)
     if shape:
         problems.append(Problem(rel, "", shape))
-        return None
+        return None, False
     want = "a mapping with key '%s:'" % top_key if top_key else "a mapping"
     if data is None:
         problems.append(Problem(rel, "", "file is empty (expected %s)" % want))
-        return None
+        return None, False
     if not isinstance(data, dict):
         problems.append(Problem(rel, "", "top level must be %s, found %s" % (want, _type_word(data))))
-        return None
-    return data
+        return None, False
+    return data, VAULT_TAG in text or "%TAG" in text  # (a %TAG handle can spell the tag otherwise)
 
 
 def _type_word(v: Any) -> str:
@@ -521,14 +528,14 @@ def secret_values(root: str, overlays: Iterable[str] = ()) -> Tuple[List[Vaulted
             continue
         for path in _files(root, pattern):
             rel = os.path.relpath(path, root)
-            data = read_yaml(path, rel, problems, top)
-            if data is not None:
+            data, tagged = read_config_yaml(path, rel, problems, top)
+            if data is not None and tagged:
                 out.extend(place_vaulted(data, rel, model, problems)[0])
     for ov in overlays:
         ov_abs = ov if os.path.isabs(ov) else os.path.join(root, ov)
         if os.path.isfile(ov_abs):
-            data = read_yaml(ov_abs, ov, problems, "config")
-            if data is not None:
+            data, tagged = read_config_yaml(ov_abs, ov, problems, "config")
+            if data is not None and tagged:
                 out.extend(place_vaulted(data, ov, None, problems)[0])
     return out, problems
 
@@ -642,8 +649,8 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
     if not os.path.exists(cfg_path):
         problems.append(Problem(CONFIG_REL, "", "file is missing (every configuration tree needs cfg/_config.yml with a 'config:' mapping)"))
     else:
-        raw_cfg = read_yaml(cfg_path, CONFIG_REL, problems, "config")
-        if raw_cfg is not None:
+        raw_cfg, tagged = read_config_yaml(cfg_path, CONFIG_REL, problems, "config")
+        if raw_cfg is not None and tagged:
             vault_taken |= place_vaulted(raw_cfg, CONFIG_REL, m.ConfigFile, problems)[1]
 
     # Overlays: read them all first (their problems are reported with the rest).
@@ -656,10 +663,10 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             problems.append(Problem(shown, "", "overlay file does not exist (a relative overlay path is "
                                                "relative to the configuration root)"))
             continue
-        data = read_yaml(ov_abs, shown, problems, "config")
+        data, tagged = read_config_yaml(ov_abs, shown, problems, "config")
         if data is None:
             continue
-        kept, taken = place_vaulted(data, shown, None, problems)
+        kept, taken = place_vaulted(data, shown, None, problems) if tagged else ([], set())
         vaulted.extend(kept)
         vault_taken |= taken
         parsed = parse_model(m.OverlayFile, data, shown, problems)
@@ -705,11 +712,11 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             tree.unloaded.add(kind)
         for path in paths:
             rel = os.path.relpath(path, root)
-            data = read_yaml(path, rel, problems, top)
+            data, tagged = read_config_yaml(path, rel, problems, top)
             if data is None:
                 tree.unloaded.add(kind)
                 continue
-            kept, taken = place_vaulted(data, rel, model, problems)
+            kept, taken = place_vaulted(data, rel, model, problems) if tagged else ([], set())
             vaulted.extend(kept)
             vault_taken |= taken
             patched: Dict[int, List[Tuple[str, int, Dict[str, Any]]]] = {}
