@@ -45,7 +45,7 @@ def test_a_document_without_anchors_is_not_walked_and_deep_nesting_does_not_recu
     assert shape_problem(cyclic, "no anchor, no alias in this text") is None  # the text says: not walked
     deep: list = []
     node = deep
-    for _ in range(sys.getrecursionlimit() * 3):
+    for _level in range(sys.getrecursionlimit() * 3):
         node.append([])
         node = node[0]
     assert shape_problem(deep) is None
