@@ -89,3 +89,14 @@ def test_the_cascade_destroys_leaves_first(tree):
     rec = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]
     assert rec["state"] == "archived" and rec["facts"]["archive"] == "csis-mnt_data-archive"
     assert [h["to"] for h in rec["history"]][-1] == "archived"
+    # the one approval is in the trail, before every phase's records, naming the destroys
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
+
+    trail = audit_trail(MetaState(tree.root))
+    approvals = [d for d in trail if any(e.get("kind") == "cascade approved" for e in d.get("events") or [])]
+    assert len(approvals) == 1, [d.get("what") for d in trail]
+    event = [e for e in approvals[0]["events"] if e.get("kind") == "cascade approved"][0]
+    assert event["root"] == "environment %s" % ENV and event["detail"].startswith("auto-approve")
+    assert "instance-image-open-tofu: module.instance_test2" in event["detail"]
+    later = [d for d in trail if d["revision"] > approvals[0]["revision"] and d.get("changes")]
+    assert later, "no phase recorded after the approval"
