@@ -18,6 +18,7 @@ from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tup
 
 from ..errors import ConfigError, Problem
 from ..yamlio import VALUE_ERRORS, VAULT_TAG, Vaulted, config_loaders, shape_problem, yaml
+from . import parsecache
 from . import hierarchy as h
 from . import models as m
 from . import secrets
@@ -79,6 +80,9 @@ def read_config_yaml(path: str, rel: str, problems: List[Problem],
     except OSError as exc:
         problems.append(Problem(rel, "", "cannot read file: %s" % (exc.strerror or exc)))
         return None, False
+    known = parsecache.get(text)  # a large file parsed before, byte for byte
+    if isinstance(known, dict):
+        return known, False
     fast_loader, clear_loader, duplicate_key_error = config_loaders()
     try:
         try:
@@ -114,7 +118,10 @@ def read_config_yaml(path: str, rel: str, problems: List[Problem],
     if not isinstance(data, dict):
         problems.append(Problem(rel, "", "top level must be %s, found %s" % (want, _type_word(data))))
         return None, False
-    return data, VAULT_TAG in text or "%TAG" in text  # (a %TAG handle can spell the tag otherwise)
+    tagged = VAULT_TAG in text or "%TAG" in text  # (a %TAG handle can spell the tag otherwise)
+    if not tagged:
+        parsecache.put(text, data)
+    return data, tagged
 
 
 def _type_word(v: Any) -> str:
