@@ -168,6 +168,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="csis-inv-bench-"))
     os.environ["CSIS_META_STATE_CACHE"] = str(work / "reader-cache")
+    os.environ["CSIS_CONFIG_CACHE"] = str(work / "config-cache")  # (filled by the tree's own first validate)
     try:
         root = work / "config"
         lp, st = generate(args.count)
