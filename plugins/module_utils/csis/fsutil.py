@@ -66,6 +66,13 @@ def write_atomic(path: str, payload: bytes, mode: Optional[int] = None) -> None:
     fsync_dir(directory)
 
 
+def user_cache(*parts: str) -> str:
+    """``$XDG_CACHE_HOME/csis.infra/<parts>`` (``~/.cache`` without it): where readers keep
+    derived data (meta-state's reader cache, the configuration parse cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "csis.infra", *parts)
+
+
 def read_json(path: str) -> Any:
     """The JSON document at ``path``, or None when there is no such file. Other read errors
     (``OSError``) and bad JSON (``ValueError``) are the caller's to name."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Optional
+
+from ..fsutil import user_cache, write_atomic
 
 #: files smaller than this parse in milliseconds: not worth an entry
 MIN_BYTES = 256 * 1024
@@ -35,10 +36,7 @@ def directory() -> Optional[str]:
     explicit = os.environ.get("CSIS_CONFIG_CACHE", "")
     if explicit.lower() == "off":
         return None
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "csis.infra", "config")
+    return explicit or user_cache("config")
 
 
 def _entry(text: str) -> Optional[str]:
@@ -77,13 +75,6 @@ def put(text: str, data: Any) -> None:
         return
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(blob)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, blob.encode("utf-8"), mode=0o600)
     except OSError:
         return

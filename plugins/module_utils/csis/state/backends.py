@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .. import aws
 from ..errors import CsisError
-from ..fsutil import write_atomic
+from ..fsutil import user_cache, write_atomic
 from ..yamlio import VALUE_ERRORS, meta_loader, yaml
 
 META_STATE_DIR = "meta-state"
@@ -420,11 +420,7 @@ def _probe(directory: str) -> None:
 def cache_home() -> str:
     """Where readers keep their copy of what they parsed (``$CSIS_META_STATE_CACHE`` or
     ``$XDG_CACHE_HOME/csis.infra/meta-state``): derived data, safe to delete."""
-    explicit = os.environ.get("CSIS_META_STATE_CACHE")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "csis.infra", "meta-state")
+    return os.environ.get("CSIS_META_STATE_CACHE") or user_cache("meta-state")
 
 
 def _digest(text: str) -> str:
