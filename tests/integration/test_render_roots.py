@@ -245,3 +245,37 @@ def test_playbook_failed_validation_leaves_generated(tmp_path: Any) -> None:
     assert "nothing was written" in res.stdout
     assert "born-destroyed" in res.stdout
     assert rt.tree_hash(gen) == before
+
+
+def test_endpoints_from_the_environment_and_by_hand(moto_endpoint: Any, tmp_path: Any) -> None:
+    """csis.infra's own terraform runs take the runtime's endpoints from the root's
+    csis-endpoint-env.json (tests/unit/test_endpoint_env.py); without that environment a
+    hand-run terraform in the same root still reaches the declared endpoint (the provider's
+    dynamic endpoints block), and a plan file csis.infra made cannot be applied by hand
+    without setting the ephemeral variable again (terraform refuses)."""
+    from day2_trees import make_tree
+
+    tag = "csis-epenv"
+    root = make_tree(str(tmp_path), tag, [{"name": "epenv", "mount_point": "/mnt/ep", "groups": ["coops"],
+                                           "state": "active"}], [])
+    res = service.render(root, ["storage"], dry_run=False, prepare=True,
+                         overlays=[moto_endpoint.overlay_path, os.path.join(root, "overlays", "apply-all.yml")],
+                         extra_env=moto_endpoint.env)
+    ebs = [r for r in res["roots"] if r["builder"] == "aws-ebs"][0]
+    d = ebs["directory"]
+    assert ebs["endpoint_env"]["AWS_ENDPOINT_URL_EC2"] == moto_endpoint.url
+    planned = run_tf("terraform", ["plan", "-input=false", "-no-color", "-out=tfplan"], d, extra_env=moto_endpoint.env)
+    assert planned["rc"] == 0 and "1 to add" in planned["stdout"], planned
+    hand = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL") and not k.startswith("TF_VAR_")}
+    hand.update(moto_endpoint.env)
+    hand.pop("AWS_ENDPOINT_URL", None)
+    refused = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "tfplan"], cwd=d, env=terraform_env(hand),
+                             capture_output=True, text=True, check=False)
+    assert refused.returncode != 0
+    assert 'ephemeral input variable "csis_endpoints_from_environment"' in " ".join((refused.stdout + refused.stderr).split())
+    by_hand = subprocess.run(["terraform", "apply", "-auto-approve", "-input=false", "-no-color"], cwd=d,
+                             env=terraform_env(hand), capture_output=True, text=True, check=False)
+    assert by_hand.returncode == 0, by_hand.stdout[-2000:] + by_hand.stderr[-2000:]
+    vols = moto_endpoint.client("ec2").describe_volumes(
+        Filters=[{"Name": "tag:csis_config", "Values": [tag]}])["Volumes"]
+    assert len(vols) == 1

@@ -16,6 +16,8 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import ENDPOINT_ENV_NAMES
+
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,9 +31,9 @@ def hcl(value) -> str:
 
 
 def provider_block(url: str, region: str = "us-east-2") -> str:
-    """The provider settings that work against a moto server (see docs/local-endpoint.md)."""
-    services = ("ec2", "efs", "iam", "s3", "sts", "ssm")
-    endpoints = "\n".join("    %s = %s" % (svc, hcl(url)) for svc in services)
+    """The provider settings that work against a moto server (see docs/local-endpoint.md); the
+    endpoints come from the environment (:func:`endpoint_env`), as in csis.infra's own runs."""
+    del url
     return """provider "aws" {
   region                      = %s
   s3_use_path_style           = true
@@ -39,12 +41,14 @@ def provider_block(url: str, region: str = "us-east-2") -> str:
   skip_requesting_account_id  = true
   skip_metadata_api_check     = true
   skip_region_validation      = true
-
-  endpoints {
-%s
-  }
 }
-""" % (hcl(region), endpoints)
+""" % hcl(region)
+
+
+def endpoint_env(url: str) -> Dict[str, str]:
+    """``AWS_ENDPOINT_URL_<SERVICE>`` for every service the modules use: what csis.infra hands
+    terraform in place of an endpoints block (render/plan.py ENDPOINT_ENV_NAMES)."""
+    return {name: url for name in ENDPOINT_ENV_NAMES.values()}
 
 
 def s3_backend_block(url: str, bucket: str, key: str, region: str = "us-east-2") -> str:
@@ -120,7 +124,7 @@ class Root:
 
 
 def make_root(tmp_path, tf_env, moto_endpoint, body: str, backend: Optional[str] = None) -> Root:
-    root = Root(tmp_path, tf_env)
+    root = Root(tmp_path, dict(tf_env, **endpoint_env(moto_endpoint.url)))
     root.write("providers.tf", provider_block(moto_endpoint.url))
     if backend:
         root.write("backend.tf", backend)

@@ -158,15 +158,45 @@ def ensure_cli_config(env: Optional[Mapping[str, str]] = None) -> str:
 #: environment sets GOGC or GOMEMLIMIT (see the module docstring)
 GO_DEFAULTS = {"GOGC": "400", "GOMEMLIMIT": "1GiB"}
 
+#: a rendered root whose runtime declares ``endpoints`` keeps here the environment that stands
+#: in for its provider's ``endpoints`` block in csis.infra's terraform runs
+#: (render/plan.py ``RootPlanner.endpoint_env``): the provider spends about 3 s of CPU
+#: validating such a block at each start (two per plan), the same URLs in the environment cost
+#: nothing. The root's ephemeral variable :data:`ENDPOINT_ENV_VARIABLE` drops the block only
+#: when set, so a hand-run terraform in the root still reaches the declared endpoints.
+ENDPOINT_ENV_FILE = "csis-endpoint-env.json"
+ENDPOINT_ENV_VARIABLE = "csis_endpoints_from_environment"
 
-def terraform_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """Environment for a terraform subprocess: ``base`` plus our CLI configuration."""
+
+def root_endpoint_env(root: Optional[str]) -> Dict[str, str]:
+    """The environment of ``root``'s :data:`ENDPOINT_ENV_FILE`, or ``{}`` (no file, or one that
+    is not the expected shape: then the root's provider block names the endpoints itself,
+    which is slower and as correct)."""
+    if not root:
+        return {}
+    try:
+        with open(os.path.join(root, ENDPOINT_ENV_FILE), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    flag = "TF_VAR_%s" % ENDPOINT_ENV_VARIABLE
+    if (not isinstance(data, dict) or data.get(flag) != "true"
+            or not all(isinstance(k, str) and isinstance(v, str) and (k == flag or k.startswith("AWS_ENDPOINT_URL_"))
+                       for k, v in data.items())):
+        return {}
+    return dict(data)
+
+
+def terraform_env(base: Optional[Mapping[str, str]] = None, root: Optional[str] = None) -> Dict[str, str]:
+    """Environment for a terraform subprocess: ``base`` plus our CLI configuration and, run in
+    ``root``, that root's endpoint environment (:func:`root_endpoint_env`)."""
     env = dict(os.environ if base is None else base)
     env["TF_CLI_CONFIG_FILE"] = ensure_cli_config(env)
     env.setdefault("TF_IN_AUTOMATION", "1")
     env.setdefault("CHECKPOINT_DISABLE", "1")
     if not any(k in env for k in GO_DEFAULTS):
         env.update(GO_DEFAULTS)
+    env.update(root_endpoint_env(root))
     return env
 
 
@@ -181,7 +211,7 @@ def env_overrides(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 def run(binary: str, args: Sequence[str], cwd: str, extra_env: Optional[Mapping[str, str]] = None,
         timeout: int = 900) -> Dict[str, Any]:
     """``<binary> <args>`` in ``cwd``: ``{cmd, rc, stdout, stderr}`` (the last 4000 characters of each)."""
-    env = terraform_env(dict(os.environ, **(extra_env or {})))
+    env = terraform_env(dict(os.environ, **(extra_env or {})), root=cwd)
     res = subprocess.run([binary] + list(args), cwd=cwd, capture_output=True, text=True, env=env,
                          timeout=timeout, check=False)
     return {"cmd": " ".join([os.path.basename(binary)] + list(args)), "rc": res.returncode,

@@ -118,7 +118,7 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
         result.update(changes=None, summary="(check mode: not planned)")
         return result
     t0 = time.monotonic()
-    proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ), timeout, "terraform plan")
+    proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ, root=root), timeout, "terraform plan")
     seconds = round(time.monotonic() - t0, 2)
     if proc.returncode not in (0, 2) or not os.path.isfile(plan_path):
         err = (proc.stderr or proc.stdout or "").strip()[-3000:]

@@ -51,9 +51,12 @@ class IdentityRoots(RootPlanner):
                 touts.attr("sensitive", True)
                 blocks += [tok, touts]
             files = {main: document(*blocks)}
+            if gb.enrollment_token is not None:
+                files.update(self.endpoint_env_file(gb))
             bf, btxt = self.backend_file(backend, m.label(gb.name), d, "%s-%s.tfbackend.hcl" % (gb.name, phase))
             if bf:
                 files[bf] = btxt
             out.append(RootPlan("identity", gb.name, gb.type, self.t.builder_runtime(gb).name, d, files, bf,
-                                backend.type if bf else None, self.binary(gb), self.may_apply("identity", gb)))
+                                backend.type if bf else None, self.binary(gb), self.may_apply("identity", gb),
+                                endpoint_env=self.endpoint_env(gb) if gb.enrollment_token is not None else {}))
         return out

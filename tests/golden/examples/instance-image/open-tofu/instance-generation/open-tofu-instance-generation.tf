@@ -21,13 +21,17 @@ provider "aws" {
   skip_metadata_api_check     = true
   s3_use_path_style           = true
 
-  endpoints {
-    ec2 = "http://127.0.0.1:5055"
-    efs = "http://127.0.0.1:5055"
-    iam = "http://127.0.0.1:5055"
-    s3  = "http://127.0.0.1:5055"
-    ssm = "http://127.0.0.1:5055"
-    sts = "http://127.0.0.1:5055"
+  dynamic "endpoints" {
+    for_each = var.csis_endpoints_from_environment ? [] : [1]
+
+    content {
+      ec2 = "http://127.0.0.1:5055"
+      efs = "http://127.0.0.1:5055"
+      iam = "http://127.0.0.1:5055"
+      s3  = "http://127.0.0.1:5055"
+      ssm = "http://127.0.0.1:5055"
+      sts = "http://127.0.0.1:5055"
+    }
   }
 
   default_tags {
@@ -37,6 +41,13 @@ provider "aws" {
       Stage       = "development"
     }
   }
+}
+
+variable "csis_endpoints_from_environment" {
+  description = "true: the caller set this root's endpoints as AWS_ENDPOINT_URL_<SERVICE> (csis.infra does, from csis-endpoint-env.json); false: the provider's endpoints block names them"
+  type        = bool
+  default     = false
+  ephemeral   = true
 }
 
 variable "test2_ami_id" {
