@@ -133,7 +133,8 @@ def main() -> int:
 
         # the same rendered root, copied next to it (same depth: module sources resolve), own state key
         dst = bare_copy(root, "aws-ebs", "statefiles/bench-playbook/", "statefiles/bench-bare/")
-        tf_env = terraform_env(e2e.run_env(ep_env))
+        # with the root's endpoint environment, as csis.infra's own runs (docs/terraform.md)
+        tf_env = terraform_env(e2e.run_env(ep_env), root=dst)
         b = bare(dst, tf_env)
         rows.append(("bare, create", sum(s for _step, s in b), ", ".join("%s %.1fs" % x for x in b)))
 
@@ -168,10 +169,10 @@ def many_roots(root: str, ep_env: Dict[str, str], overlays: List[str], work: str
         if run.rc != 0:
             raise SystemExit("playbook run failed:\n" + run.tail())
         rows.append(("playbook, %d roots, %s" % (len(builders), kind), run.seconds, "; ".join(slowest_tasks(run.out, 3))))
-    tf_env = terraform_env(e2e.run_env(ep_env))
     bare_rows = {"create": [], "no-op": []}
     for builder in builders:
         dst = bare_copy(root, builder, "statefiles/bench-playbook/", "statefiles/bench-bare-%s/" % builder)
+        tf_env = terraform_env(e2e.run_env(ep_env), root=dst)
         for kind in ("create", "no-op"):
             steps = bare(dst, tf_env)
             bare_rows[kind].append((builder, sum(s for _step, s in steps)))
