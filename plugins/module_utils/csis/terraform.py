@@ -187,6 +187,19 @@ def root_endpoint_env(root: Optional[str]) -> Dict[str, str]:
     return dict(data)
 
 
+def takes_ephemeral_variables(binary: str) -> bool:
+    """Whether ``binary`` is terraform 1.10 or later (ephemeral input variables, which a root's
+    :data:`ENDPOINT_ENV_VARIABLE` is): one ``version -json``, cached (:func:`version`)."""
+    if not os.path.basename(binary).startswith("terraform"):
+        return False
+    from packaging.version import InvalidVersion, Version
+    found, _err = version(binary)
+    try:
+        return found is not None and Version(found) >= Version("1.10")
+    except InvalidVersion:
+        return False
+
+
 def terraform_env(base: Optional[Mapping[str, str]] = None, root: Optional[str] = None) -> Dict[str, str]:
     """Environment for a terraform subprocess: ``base`` plus our CLI configuration and, run in
     ``root``, that root's endpoint environment (:func:`root_endpoint_env`)."""

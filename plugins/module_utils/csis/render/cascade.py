@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from ..config import hierarchy
 from ..config import models as m
 from ..errors import Problem
+from ..terraform import ENDPOINT_ENV_FILE
 from .hcl import comment_lines, document
 from .plan import HEADER, PHASES as ROOT_PHASES, RenderOptions, RootPlan, RootPlanner
 
@@ -347,6 +348,9 @@ def narrow(tree: Any, meta: Mapping[str, Any], plans: List[RootPlan], runtimes: 
                                      comment_lines("identity builder %s is destroyed by the cascade of environment "
                                                    "'%s': no module call" % (gb.name, environment)))
             p.allow_destroy = ["module.identity"]
+            # no provider left: nothing for the endpoint environment to stand in for
+            p.endpoint_env = {}
+            p.files.pop(ENDPOINT_ENV_FILE, None)
         out.append(p)
     return out, problems
 

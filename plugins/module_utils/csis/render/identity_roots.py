@@ -51,8 +51,6 @@ class IdentityRoots(RootPlanner):
                 touts.attr("sensitive", True)
                 blocks += [tok, touts]
             files = {main: document(*blocks)}
-            if gb.enrollment_token is not None:
-                files.update(self.endpoint_env_file(gb))
             bf, btxt = self.backend_file(backend, m.label(gb.name), d, "%s-%s.tfbackend.hcl" % (gb.name, phase))
             if bf:
                 files[bf] = btxt

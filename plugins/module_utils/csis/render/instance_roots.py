@@ -253,7 +253,6 @@ class InstanceRoots(RootPlanner):
             lc.attr("create_before_destroy", True)
             blocks += [vpc, sg]
         plan.files["%s-%s.tf" % (ib.name, phase)] = document(*blocks)
-        plan.files.update(self.endpoint_env_file(ib))
         plan.endpoint_env = self.endpoint_env(ib)
         bf, btxt = self.backend_file(backend, alias, d, "%s-%s.tfbackend.hcl" % (ib.name, phase))
         if bf:

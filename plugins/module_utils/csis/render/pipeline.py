@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ..apply.workspace import mask_url
 from ..config.validate import load_and_validate
 from ..errors import ConfigError, Problem
-from ..terraform import env_overrides
+from ..terraform import env_overrides, takes_ephemeral_variables
 from . import cascade as cascade_lib
 from .plan import LIFECYCLES, RenderOptions, RootPlan
 from .roots import plan_roots
@@ -73,8 +73,10 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
     for name in (only_runtime, apply_runtime):
         if name and tree.runtime(name) is None:
             raise ConfigError([Problem("", "", "runtime '%s' (only_runtime/apply_runtime) is not declared in cfg/runtime-builders.yml" % name)])
+    binaries = {ex.binary for ex in tree.executables.values()} | {"terraform"}
     opts = RenderOptions(dry_run=dry_run, only_runtime=only_runtime, apply_runtime=apply_runtime,
-                         series_heads=dict(series_heads or {}))
+                         series_heads=dict(series_heads or {}),
+                         ephemeral_binaries=frozenset(b for b in binaries if takes_ephemeral_variables(b)))
     plans: List[RootPlan] = []
     for lc in lifecycles:
         plans.extend(plan_roots(tree, meta, lc, opts))

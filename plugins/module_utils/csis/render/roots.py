@@ -10,7 +10,7 @@ from ..config import secrets
 from ..config.loader import Tree
 from .identity_roots import IdentityRoots
 from .instance_roots import InstanceRoots
-from .plan import LIFECYCLES, RenderOptions, RootPlan, RootPlanner
+from .plan import LIFECYCLES, RenderOptions, RootPlan, RootPlanner, endpoint_env_file
 from .storage_roots import StorageRoots
 
 PLANNERS: Dict[str, Type[RootPlanner]] = {
@@ -30,4 +30,6 @@ def plan_roots(tree: Tree, meta: Mapping[str, Any], lifecycle: str, opts: Render
         root.required_tags = list(tree.config.required_tags)
         runtime = tree.runtimes.get(root.runtime) if root.runtime else None
         root.secrets = secrets.tf_secrets(runtime) if runtime is not None else {}
+        # the endpoint environment, kept in the root for every terraform run there (terraform_env)
+        root.files.update(endpoint_env_file(root.endpoint_env))
     return roots

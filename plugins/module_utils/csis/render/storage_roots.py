@@ -107,7 +107,6 @@ class StorageRoots(RootPlanner):
         if self.t.config.use_state_backends:
             blocks += [self.remote_state(gb, d) for _name, gb in sorted(identity_ws.items())]
         plan.files[main] = document(*blocks)
-        plan.files.update(self.endpoint_env_file(sb))
         plan.endpoint_env = self.endpoint_env(sb)
         bf, btxt = self.backend_file(backend, m.label(sb.name), d, "%s-%s.tfbackend.hcl" % (sb.name, phase))
         if bf:
