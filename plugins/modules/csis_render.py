@@ -153,6 +153,13 @@ roots:
         - The tree's C(config.required_tags), for the gate's O(csis.infra.csis_gate_plan#module:required_tags).
       type: list
       elements: str
+    endpoint_env:
+      description:
+        - For a runtime with C(endpoints), the C(AWS_ENDPOINT_URL_<SERVICE>) variables and
+          C(TF_VAR_csis_endpoints_from_environment=true) that stand in for the provider's endpoints block in the
+          collection's terraform runs (also the root's C(csis-endpoint-env.json)); empty when the block stays
+          (docs/terraform.md, "Endpoints from the environment"). No secrets.
+      type: dict
     replace:
       description: Addresses to plan with C(-replace).
       type: list

@@ -279,3 +279,11 @@ def test_endpoints_from_the_environment_and_by_hand(moto_endpoint: Any, tmp_path
     vols = moto_endpoint.client("ec2").describe_volumes(
         Filters=[{"Name": "tag:csis_config", "Values": [tag]}])["Volumes"]
     assert len(vols) == 1
+    # with the variable set, the provider takes EC2 from the environment and not from the block
+    # (which names the working endpoint): an AWS_ENDPOINT_URL_EC2 at a path moto does not serve
+    # fails the refresh of that volume (404), where the same plan through the block succeeded
+    wrong = dict(terraform_env(hand, root=d), AWS_ENDPOINT_URL_EC2=moto_endpoint.url.rstrip("/") + "/nowhere/")
+    broken = subprocess.run(["terraform", "plan", "-input=false", "-no-color"], cwd=d, env=wrong,
+                            capture_output=True, text=True, check=False, timeout=600)
+    out = " ".join((broken.stdout + broken.stderr).split())
+    assert broken.returncode != 0 and "DescribeVolumes" in out and "404" in out, out[-1500:]

@@ -16,7 +16,10 @@ from typing import Any
 import yaml
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import terraform
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
 from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline as service
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import RenderOptions
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.roots import plan_roots
 
 import render_trees as rt
 
@@ -105,3 +108,23 @@ def test_a_damaged_endpoint_file_is_ignored(tmp_path: Any) -> None:
             fh.write(text)
         assert terraform.root_endpoint_env(d) == {}, text
     assert terraform.root_endpoint_env(None) == {}
+
+
+def test_without_ephemeral_binaries_every_root_keeps_its_block(tmp_path: Any) -> None:
+    """The planner itself asks no binary (the graph and the cascade plan with the default
+    options): only pipeline.render names the binaries that take ephemeral variables."""
+    root = rt.copy_tree("examples", str(tmp_path))
+    tree, meta = load_and_validate(root)
+    ebs = [p for p in plan_roots(tree, meta, "storage", RenderOptions()) if p.builder == "aws-ebs"][0]
+    assert ebs.endpoint_env == {} and terraform.ENDPOINT_ENV_FILE not in ebs.files
+    tf = ebs.files["aws-ebs-storage-generation.tf"]
+    assert "  endpoints {" in tf and "csis_endpoints_from_environment" not in tf
+
+
+def test_which_binaries_take_ephemeral_variables() -> None:
+    """terraform on PATH (1.11 on these machines) does; a tofu or a missing binary is not asked."""
+    ver, err = terraform.version("terraform")
+    assert err is None and ver is not None
+    assert terraform.takes_ephemeral_variables("terraform") is (tuple(int(x) for x in ver.split(".")[:2]) >= (1, 10))
+    assert terraform.takes_ephemeral_variables("tofu") is False
+    assert terraform.takes_ephemeral_variables("terraform-not-installed-here") is False
