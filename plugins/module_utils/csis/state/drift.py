@@ -18,15 +18,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..aws import ClientFactory, tree_access
-from ..config.loader import load_tree
-from ..config.validate import read_meta
 from ..errors import CsisError
 from ..fsutil import read_json, write_atomic
-from .expectations import expectations
-from .lookups import observe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..aws import ClientFactory
 
 REPORT_NAME = "state-report.json"
 DRIFTS = ("missing", "stale", "foreign", "changed")
@@ -306,6 +304,11 @@ def run_id() -> str:
 def query(config_root: str, overlays: Iterable[str] = (), run: Optional[str] = None,
           factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
     """Load the tree and meta-state, look everything up, classify. Writes nothing."""
+    from ..aws import tree_access
+    from ..config.loader import load_tree
+    from ..config.validate import read_meta
+    from .expectations import expectations
+    from .lookups import observe
     tree = load_tree(config_root, overlays=overlays)
     meta, problems = read_meta(tree.root, ("storage-state.yaml", "launch-params.yaml", "instance-state.yaml",
                                            "pins.yaml"))
@@ -334,6 +337,11 @@ def check_recorded_storages(config_root: str, storages: Mapping[str, Mapping[str
     "hard" ([the drift lines of HARD drift]), "protect" ([addresses of the resources that
     must not be created: those of the storages recorded active])}``. Writes nothing.
     """
+    from ..aws import tree_access
+    from ..config.loader import load_tree
+    from ..config.validate import read_meta
+    from .expectations import expectations
+    from .lookups import observe
     tree = load_tree(config_root, overlays=overlays)
     meta, problems = read_meta(tree.root, ("storage-state.yaml",))
     if problems:
