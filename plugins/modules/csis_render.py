@@ -186,6 +186,13 @@ roots:
     storages:
       description: Storages of the root with their requested and recorded states.
       type: dict
+    recorded_storages:
+      description:
+        - The storages of the root that meta-state records as existing (C(active), C(archived)), which
+          O(csis.infra.csis_storage_check#module:storages) looks up before the plan; empty on a first create, when
+          the role skips that step.
+      type: list
+      elements: str
     ephemeral:
       description: The root's ephemeral instances (verified, then torn down through a second gate).
       type: list

@@ -575,3 +575,26 @@ def test_backend_settings_cut_short_by_a_killed_init_are_dropped_before_the_next
     for torn in ("", '{"version": 3, "backend": {"ty', "\x00\x00", "[]"):
         settings.write_text(torn, encoding="utf-8")
         assert writer.drop_torn_backend_settings(str(root)) is True and not settings.exists(), torn
+
+
+def test_recorded_storages_are_what_the_storage_check_looks_up(tmp_path: Any) -> None:
+    """A first create records nothing: no storage to look up (the chain skips csis_storage_check
+    and the dry run does not list it); a storage recorded active or archived is looked up, one
+    recorded destroyed is not."""
+    root = rt.copy_tree("examples", str(tmp_path))
+    tree, meta = load_and_validate(root)
+
+    def ebs_root() -> Dict[str, Any]:
+        plan = [p for p in plan_roots(tree, meta, "storage", RenderOptions()) if p.builder == "aws-ebs"][0]
+        return plan.as_dict(root)
+
+    first = ebs_root()
+    assert "mnt_data" in first["storages"] and first["recorded_storages"] == []
+    assert not [c for c in first["deferred"] if c.startswith("csis_storage_check")]
+    facts = {"builder": "aws-ebs", "type": "ebs", "volume_id": "vol-1"}
+    for state, looked_up in (("active", ["mnt_data"]), ("archived", ["mnt_data"]), ("destroyed", [])):
+        meta["storage-state.yaml"] = {"storages": {"mnt_data": {"state": state, "generation": 1, "facts": facts}}}
+        item = ebs_root()
+        assert item["recorded_storages"] == looked_up, state
+        listed = [c for c in item["deferred"] if c.startswith("csis_storage_check")]
+        assert listed == (["csis_storage_check mnt_data (recorded storages still exist)"] if looked_up else []), state

@@ -27,6 +27,7 @@ from ..config import models as m
 from ..config import secrets
 from ..config.flags import apply_flag_allows, narrow_by_apply_runtime
 from ..config.loader import Tree
+from ..state.drift import EXISTING_STATES
 from .bundled_modules import VERSION as MODULES_VERSION
 from .hcl import Block, Raw, string, value
 
@@ -106,7 +107,8 @@ class RootPlan:
             "may_apply": self.may_apply, "allow_destroy": list(self.allow_destroy), "replace": list(self.replace),
             "require_unmounted": list(self.require_unmounted), "unmounts": list(self.unmounts),
             "transitions_before": list(self.transitions_before), "transitions_after": list(self.transitions_after),
-            "storages": dict(self.storages), "instances": dict(self.instances), "ephemeral": list(self.ephemeral),
+            "storages": dict(self.storages), "recorded_storages": self.recorded_storages(),
+            "instances": dict(self.instances), "ephemeral": list(self.ephemeral),
             "decommission": list(self.decommission), "warnings": list(self.warnings),
             "files": sorted(self.files), "aws": dict(self.aws), "required_tags": list(self.required_tags),
             "secrets": {k: dict(v) for k, v in sorted(self.secrets.items())},
@@ -114,14 +116,20 @@ class RootPlan:
             "deferred": self.deferred(),
         }
 
+    def recorded_storages(self) -> List[str]:
+        """The root's storages meta-state recorded as existing when it was rendered (``active``,
+        ``archived``): what csis_storage_check looks up before the plan (none: the step is skipped;
+        the render read meta-state under the run lock, so nobody recorded one since)."""
+        return sorted(n for n, info in self.storages.items() if info.get("current_state") in EXISTING_STATES)
+
     def deferred(self) -> List[str]:
         """What a real run executes for this root, in order (the ``csis.infra.tofu_root`` chain):
         the manual's deferred commands, which a dry run lists instead of running."""
         tf = self.binary
         out = ["%s init -input=false -reconfigure%s" % (tf, " -backend-config=%s" % self.backend_file if self.backend_file else ""),
                "csis_state_lock (release a stale lock left by a killed run on this machine)"]
-        if self.storages:
-            out.append("csis_storage_check %s (recorded storages still exist)" % " ".join(sorted(self.storages)))
+        if self.recorded_storages():
+            out.append("csis_storage_check %s (recorded storages still exist)" % " ".join(self.recorded_storages()))
         out.append("%s plan -input=false -detailed-exitcode -out=tfplan%s (csis_plan, binding opened first)"
                    % (tf, "".join(" -replace=%s" % a for a in self.replace)))
         out.append("csis_gate_plan tfplan%s%s" % ("".join(" --allow-destroy %s" % a for a in self.allow_destroy),
