@@ -112,7 +112,7 @@ files_read:
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.applycheck import check_apply
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
 
 
 def _check(module, p):
@@ -121,13 +121,16 @@ def _check(module, p):
                 changed=False)
 
 
+RUN = ModuleRun(_check, dict(
+    lifecycle=dict(type='str', required=True, choices=['identity', 'storage', 'instance-image', 'instances']),
+    config_root=dict(type='path'), search_from=dict(type='path'), root=dict(type='str'),
+    root_alias=dict(type='list', elements='str', default=[]), overlays=dict(type='list', elements='path', default=[]),
+    apply_runtime=dict(type='str'),
+), requires=("PyYAML",), failure=dict(changed=False, allowed=False), options=dict(supports_check_mode=True))
+
+
 def main():
-    run_module(_check, dict(
-        lifecycle=dict(type='str', required=True, choices=['identity', 'storage', 'instance-image', 'instances']),
-        config_root=dict(type='path'), search_from=dict(type='path'), root=dict(type='str'),
-        root_alias=dict(type='list', elements='str', default=[]), overlays=dict(type='list', elements='path', default=[]),
-        apply_runtime=dict(type='str'),
-    ), requires=("PyYAML",), failure=dict(changed=False, allowed=False), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == '__main__':

@@ -137,7 +137,7 @@ where:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 
 
 def _run(module, p):
@@ -153,17 +153,20 @@ def _run(module, p):
     return dict(changed=not module.check_mode, **res)
 
 
+RUN = ModuleRun(_run, argument_spec(
+    CONFIG_ROOT_ARGS,
+    root=dict(type="str", required=True), plan_digest=dict(type="str", required=True),
+    state=dict(type="str", required=True, choices=["requested", "approved"]),
+    by=dict(type="str", default=""), method=dict(type="str", default="awx", choices=list(approvals.METHODS)),
+    pinned=dict(type="str"), require_receipt=dict(type="bool", default=True),
+    distinct_approver=dict(type="bool", default=False), summary=dict(type="str", default=""),
+    job=dict(type="str", default=""), workflow=dict(type="str", default=""),
+    lifecycle=dict(type="str", default=""), run_id=dict(type="str", default=""),
+), requires=("PyYAML",), failure=dict(changed=False), options=dict(supports_check_mode=True))
+
+
 def main():
-    run_module(_run, argument_spec(
-        CONFIG_ROOT_ARGS,
-        root=dict(type="str", required=True), plan_digest=dict(type="str", required=True),
-        state=dict(type="str", required=True, choices=["requested", "approved"]),
-        by=dict(type="str", default=""), method=dict(type="str", default="awx", choices=list(approvals.METHODS)),
-        pinned=dict(type="str"), require_receipt=dict(type="bool", default=True),
-        distinct_approver=dict(type="bool", default=False), summary=dict(type="str", default=""),
-        job=dict(type="str", default=""), workflow=dict(type="str", default=""),
-        lifecycle=dict(type="str", default=""), run_id=dict(type="str", default=""),
-    ), requires=("PyYAML",), failure=dict(changed=False), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

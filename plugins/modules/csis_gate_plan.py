@@ -238,29 +238,10 @@ show_skipped:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError, GateRefused
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun, fail_from
 
 
-def main():
-    module = csis_module(
-        argument_spec=dict(
-            project_path=dict(type='path'),
-            plan_file=dict(type='path'),
-            plan_json=dict(type='path'),
-            binary_path=dict(type='str', default='terraform'),
-            allow_destroy=dict(type='list', elements='str', default=[]),
-            require_unmounted=dict(type='list', elements='str', default=[]),
-            refuse_create=dict(type='list', elements='str', default=[]),
-            required_tags=dict(type='list', elements='str', default=[]),
-            receipts_dir=dict(type='path'),
-            receipts_since_binding=dict(type='bool', default=True),
-        ),
-        mutually_exclusive=[('plan_file', 'plan_json')],
-        required_one_of=[('plan_file', 'plan_json')],
-        required_by={'plan_file': 'project_path'},
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         result = run_gate(
             p['project_path'], p['plan_file'], plan_json=p['plan_json'], binary_path=p['binary_path'],
@@ -278,7 +259,30 @@ def main():
     result['violations'] = []
     if module._diff and diff is not None:
         result['diff'] = diff
-    module.exit_json(**result)
+    return result
+
+
+RUN = ModuleRun(_run, dict(
+    project_path=dict(type='path'),
+    plan_file=dict(type='path'),
+    plan_json=dict(type='path'),
+    binary_path=dict(type='str', default='terraform'),
+    allow_destroy=dict(type='list', elements='str', default=[]),
+    require_unmounted=dict(type='list', elements='str', default=[]),
+    refuse_create=dict(type='list', elements='str', default=[]),
+    required_tags=dict(type='list', elements='str', default=[]),
+    receipts_dir=dict(type='path'),
+    receipts_since_binding=dict(type='bool', default=True),
+), options=dict(
+    mutually_exclusive=[('plan_file', 'plan_json')],
+    required_one_of=[('plan_file', 'plan_json')],
+    required_by={'plan_file': 'project_path'},
+    supports_check_mode=True,
+))
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == '__main__':

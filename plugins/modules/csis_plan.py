@@ -176,7 +176,7 @@ stdout:
 
 import os
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import StateLockError
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import make_plan
 
@@ -197,20 +197,23 @@ def _plan(module, p):
     return result
 
 
+RUN = ModuleRun(_plan, argument_spec(
+    project_path=dict(type="path", required=True),
+    plan_file=dict(type="path", default="tfplan"),
+    binary_path=dict(type="str", default="terraform"),
+    variables=dict(type="dict", default={}),
+    replace=dict(type="list", elements="str", default=[]),
+    # vault ciphertext (and where the tree holds it), not secret: the action plugin decrypts it
+    secrets=dict(type="dict", default={}, no_log=False),
+    secret_env=dict(type="dict", default={}, no_log=True),
+    timeout=dict(type="int", default=0),
+    release_stale_lock=dict(type="bool", default=False),
+    real_binary=dict(type="str"),
+), failure={"prefix": "plan: ", "changed": False}, options=dict(supports_check_mode=True))
+
+
 def main():
-    run_module(_plan, argument_spec(
-        project_path=dict(type="path", required=True),
-        plan_file=dict(type="path", default="tfplan"),
-        binary_path=dict(type="str", default="terraform"),
-        variables=dict(type="dict", default={}),
-        replace=dict(type="list", elements="str", default=[]),
-        # vault ciphertext (and where the tree holds it), not secret: the action plugin decrypts it
-        secrets=dict(type="dict", default={}, no_log=False),
-        secret_env=dict(type="dict", default={}, no_log=True),
-        timeout=dict(type="int", default=0),
-        release_stale_lock=dict(type="bool", default=False),
-        real_binary=dict(type="str"),
-    ), failure={"prefix": "plan: ", "changed": False}, supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

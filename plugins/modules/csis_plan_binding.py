@@ -122,29 +122,29 @@ summary:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.binding import open_binding, verify_binding
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError, GateRefused
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun, fail_from
 
 
-def main():
-    module = csis_module(
-        argument_spec=dict(
-            project_path=dict(type='path', required=True),
-            plan_file=dict(type='path', default='tfplan'),
-            state=dict(type='str', required=True, choices=['opened', 'verified']),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         if p['state'] == 'opened':
-            result = open_binding(p['project_path'], p['plan_file'], check_mode=module.check_mode)
-        else:
-            result = verify_binding(p['project_path'], p['plan_file'])
+            return open_binding(p['project_path'], p['plan_file'], check_mode=module.check_mode)
+        return verify_binding(p['project_path'], p['plan_file'])
     except GateRefused as exc:
         fail_from(module, exc, problems_key="violations", changed=False)
     except (CsisError, OSError) as exc:
         fail_from(module, exc, prefix="plan binding: ", changed=False)
-    module.exit_json(**result)
+
+
+RUN = ModuleRun(_run, dict(
+    project_path=dict(type='path', required=True),
+    plan_file=dict(type='path', default='tfplan'),
+    state=dict(type='str', required=True, choices=['opened', 'verified']),
+), options=dict(supports_check_mode=True))
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == '__main__':

@@ -91,24 +91,26 @@ problems:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec, fail_from
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import preflight
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ROOT_ARGS, write=dict(type="bool", default=True),
-                                    lock_timeout=dict(type="float", default=600.0)),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         res = preflight(p["config_root"], write=p["write"] and not module.check_mode,
                         lock_timeout=p["lock_timeout"], what="csis_preflight (write probe)")
     except CsisError as exc:
         fail_from(module, exc, **getattr(exc, "result", {}))
-    module.exit_json(changed=False, **res)
+    return dict(changed=False, **res)
+
+
+RUN = ModuleRun(_run, argument_spec(CONFIG_ROOT_ARGS, write=dict(type="bool", default=True),
+                                    lock_timeout=dict(type="float", default=600.0)),
+                requires=("PyYAML",), options=dict(supports_check_mode=True))
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ instances:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_root
 
 
@@ -89,11 +89,14 @@ def _record(module, p):
     return dict(out, changed=bool(out.get("written")))
 
 
+RUN = ModuleRun(_record, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True), run_id=dict(type="str", required=True),
+                                       done_transitions=dict(type="list", elements="dict", default=[]), applied=dict(type="str"),
+                                       context=dict(type="dict", default={})),
+                requires=("PyYAML",), options=dict(supports_check_mode=True))
+
+
 def main():
-    run_module(_record, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True), run_id=dict(type="str", required=True),
-                                      done_transitions=dict(type="list", elements="dict", default=[]), applied=dict(type="str"),
-                                      context=dict(type="dict", default={})),
-               requires=("PyYAML",), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

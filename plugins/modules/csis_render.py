@@ -290,28 +290,12 @@ problems:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from, problems_message
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, ModuleRun, argument_spec, fail_from, problems_message
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.pipeline import render
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.writer import unified
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(
-            CONFIG_ARGS, UNDECLARE_ARGS,
-            lifecycle=dict(type="list", elements="str", required=True, choices=["identity", "storage", "instance-image"]),
-            dry_run=dict(type="bool", default=True),
-            only_runtime=dict(type="str"),
-            apply_runtime=dict(type="str"),
-            prepare=dict(type="bool", default=True),
-            workers=dict(type="int", default=4),
-            series_heads=dict(type="dict", default={}),
-            cascade=dict(type="dict"),
-        ),
-        requires=("PyYAML", "pydantic"),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
                      apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
@@ -328,7 +312,24 @@ def main():
                   approvals=out["approvals"], workspace=out["workspace"])
     if module._diff:
         result["diff"] = [{"prepared": unified(d)} for d in out["diff"]]
-    module.exit_json(**result)
+    return result
+
+
+RUN = ModuleRun(_run, argument_spec(
+    CONFIG_ARGS, UNDECLARE_ARGS,
+    lifecycle=dict(type="list", elements="str", required=True, choices=["identity", "storage", "instance-image"]),
+    dry_run=dict(type="bool", default=True),
+    only_runtime=dict(type="str"),
+    apply_runtime=dict(type="str"),
+    prepare=dict(type="bool", default=True),
+    workers=dict(type="int", default=4),
+    series_heads=dict(type="dict", default={}),
+    cascade=dict(type="dict"),
+), requires=("PyYAML", "pydantic"), options=dict(supports_check_mode=True))
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ lines:
   elements: str
 '''
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.runsummary import add_root, path_of, read, summary_lines
 
 
@@ -89,12 +89,15 @@ def _add(module, p):
     return dict(changed=False, path=path_of(p["config_root"]), summary=data)
 
 
+RUN = ModuleRun(_add, argument_spec(
+    CONFIG_ROOT_ARGS,
+    run_id=dict(type="str"),
+    entry=dict(type="dict"),
+), failure={"changed": False}, options=dict(supports_check_mode=True, required_by={"entry": "run_id"}))
+
+
 def main():
-    run_module(_add, argument_spec(
-        CONFIG_ROOT_ARGS,
-        run_id=dict(type="str"),
-        entry=dict(type="dict"),
-    ), failure={"changed": False}, supports_check_mode=True, required_by={"entry": "run_id"})
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ lines:
   elements: str
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import check_recorded_storages
 
 FIX = ("not planning storage {name}: terraform would create it again, empty. Gone for good: playbooks/forget.yml "
@@ -94,9 +94,12 @@ def _check(module, p):
     return dict(changed=False, **res)
 
 
+RUN = ModuleRun(_check, argument_spec(CONFIG_ARGS, storages=dict(type="dict", required=True)),
+                requires=("PyYAML", "pydantic", "boto3"), options=dict(supports_check_mode=True))
+
+
 def main():
-    run_module(_check, argument_spec(CONFIG_ARGS, storages=dict(type="dict", required=True)),
-               requires=("PyYAML", "pydantic", "boto3"), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

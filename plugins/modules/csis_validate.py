@@ -98,27 +98,29 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.config.hierarchy i
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.secrets import problems_rule
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from, problems_message
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, ModuleRun, argument_spec, fail_from, problems_message
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ARGS, UNDECLARE_ARGS, vault_problems=dict(type="list", elements="dict", default=[])),
-        requires=("PyYAML", "pydantic"),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         tree, _meta = load_and_validate(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"],
                                         extra=[problems_rule(p["vault_problems"])])
     except ConfigError as exc:
         fail_from(module, exc, msg=problems_message(exc, p["config_root"]))
-    module.exit_json(changed=False, problems=[], summary=dict(
+    return dict(changed=False, problems=[], summary=dict(
         instances=len(tree.instances), storages=len(tree.storages), runtimes=len(tree.runtimes),
         instance_builders=len(tree.instance_builders), storage_builders=len(tree.storage_builders),
         groups=len(tree.groups), images=len(tree.images), hierarchy_nodes=len(tree.hierarchy)),
         inheritance={name: effective(tree, rt) for name, rt in sorted(tree.runtimes.items())},
         inheritance_lines=effective_lines(tree))
+
+
+RUN = ModuleRun(_run, argument_spec(CONFIG_ARGS, UNDECLARE_ARGS, vault_problems=dict(type="list", elements="dict", default=[])),
+                requires=("PyYAML", "pydantic"), options=dict(supports_check_mode=True))
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from typing import Any, Callable, Dict, Iterable, Mapping, NoReturn, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Mapping, NoReturn, Optional, Tuple, Union
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -130,10 +131,22 @@ def fail_from(module: AnsibleModule, exc: BaseException, msg: Optional[str] = No
     raise AssertionError("fail_json returned")  # pragma: no cover - fail_json exits
 
 
+Failure = Union[None, Mapping[str, Any], Callable[[Any], Mapping[str, Any]]]
+
+
+def call_run(run: Callable[[Any, Dict[str, Any]], Mapping[str, Any]], module: Any, failure: Failure = None) -> Dict[str, Any]:
+    """``run(module, module.params)`` as a dict; a :class:`~.errors.CsisError` it raises fails
+    the module through :func:`fail_from` with the keyword arguments ``failure`` (or those
+    ``failure(module)`` returns). ``module`` is an :class:`AnsibleModule`, or the controller's
+    stand-in for one (plugins/plugin_utils/controller.py), whose ``fail_json`` raises."""
+    try:
+        return dict(run(module, module.params))
+    except CsisError as exc:
+        fail_from(module, exc, **dict((failure(module) if callable(failure) else failure) or {}))
+
+
 def run_module(run: Callable[[AnsibleModule, Dict[str, Any]], Mapping[str, Any]], argument_spec: Mapping[str, Any],
-               requires: Iterable[str] = (),
-               failure: Union[None, Mapping[str, Any], Callable[[AnsibleModule], Mapping[str, Any]]] = None,
-               **kwargs: Any) -> NoReturn:
+               requires: Iterable[str] = (), failure: Failure = None, **kwargs: Any) -> NoReturn:
     """A thin module's whole ``main()``.
 
     Builds the module (:func:`csis_module` with ``argument_spec``, ``requires`` and
@@ -144,9 +157,28 @@ def run_module(run: Callable[[AnsibleModule, Dict[str, Any]], Mapping[str, Any]]
     those ``failure(module)`` returns.
     """
     module = csis_module(argument_spec, requires, **kwargs)
-    try:
-        result = run(module, module.params)
-    except CsisError as exc:
-        fail_from(module, exc, **dict((failure(module) if callable(failure) else failure) or {}))
-    module.exit_json(**result)
+    module.exit_json(**call_run(run, module, failure))
     raise AssertionError("exit_json returned")  # pragma: no cover - exit_json exits
+
+
+@dataclass(frozen=True)
+class ModuleRun:
+    """A thin module's run, declared once as the module's ``RUN``: its ``run(module, params)``,
+    argument spec, required libraries, failure keywords (:func:`call_run`) and AnsibleModule's
+    other keyword arguments (``supports_check_mode``, ``required_by``, ...).
+
+    The module's ``main()`` is ``RUN.main()`` (:func:`run_module`). A module whose work is
+    local files only (meta-state, plan files, the run summary) also has an action plugin that
+    runs the same ``RUN`` in the controller's worker process instead
+    (plugins/plugin_utils/controller.py): the task then pays no module process, which costs
+    about half a second for every task (AnsiballZ compiles ``ansible.module_utils.basic``
+    again in each one), and the same arguments are validated by the same spec.
+    """
+    run: Callable[[Any, Dict[str, Any]], Mapping[str, Any]]
+    argument_spec: Mapping[str, Any]
+    requires: Tuple[str, ...] = ()
+    failure: Failure = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def main(self) -> NoReturn:
+        run_module(self.run, self.argument_spec, self.requires, self.failure, **dict(self.options))

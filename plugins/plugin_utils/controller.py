@@ -1,0 +1,138 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""A csis.infra module run in the controller's worker process instead of a module process.
+
+Every csis.infra module runs on the controller (its docs' ``platform`` attribute). A module
+process costs about half a second of CPU before the module's first line: AnsiballZ runs it from
+a zip of its ``module_utils``, from which Python keeps no bytecode, so ``ansible.module_utils.basic``
+is compiled again at each task (benchmarks/README.md, "What one task costs"). The modules whose
+work is local files only (meta-state, plan files, the run summary) are run here instead: their
+action plugin is a :class:`ControllerAction` naming the module, and runs the module's ``RUN``
+(:class:`~ansible_collections.csis.infra.plugins.module_utils.csis.module.ModuleRun`) in the
+worker Ansible forked for this task.
+
+What a module process would have, the worker gets the same way:
+
+- the arguments are checked against the module's own argument spec (``validate_argument_spec``:
+  the same types, defaults, choices and ``required_by``), and are plain data (as JSON would make them);
+- check mode and diff mode are the task's;
+- the task's ``environment:`` (the play's ``CSIS_AWX_*``, ``CSIS_LOCK_TIMEOUT``) is in
+  ``os.environ`` while the module runs, and restored after it;
+- the module's warnings are the result's ``warnings``; its failure (``fail_json``) is the task's;
+- no value of a ``no_log`` option is in the result (as AnsibleModule's exit removes them).
+
+A module whose process outlives the task (the run lock's watcher, the apply started as an async
+job) keeps its module process.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any, Dict, List
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.common.parameters import remove_values
+from ansible.module_utils.errors import UnsupportedError
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import call_run, require_libraries
+
+MODULES = "ansible_collections.csis.infra.plugins.modules."
+#: the validator's keyword arguments among a ModuleRun's options (the others are AnsibleModule's own)
+VALIDATOR_OPTIONS = ("mutually_exclusive", "required_together", "required_one_of", "required_if", "required_by")
+
+
+class Done(Exception):
+    """The module's exit (``exit_json``) or failure (``fail_json``), with its result."""
+
+    def __init__(self, result: Dict[str, Any]) -> None:
+        super().__init__(result.get("msg", ""))
+        self.result = result
+
+
+class WorkerModule:
+    """What a csis.infra module's run uses of AnsibleModule: its parameters, check mode and diff
+    mode, warnings, and an exit or failure (which raise :class:`Done`)."""
+
+    def __init__(self, params: Dict[str, Any], check_mode: bool, diff: bool) -> None:
+        self.params = params
+        self.check_mode = check_mode
+        self._diff = diff
+        self.warnings: List[str] = []
+
+    def warn(self, warning: str) -> None:
+        self.warnings.append(str(warning))
+
+    def exit_json(self, **result: Any) -> None:
+        raise Done(result)
+
+    def fail_json(self, msg: str, **result: Any) -> None:
+        result.pop("exception", None)  # a traceback of the controller's import: the message says it
+        raise Done(dict(result, failed=True, msg=msg))
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON data: what a module process would receive (no tagged strings)."""
+    return json.loads(json.dumps(value))
+
+
+class ControllerAction(ActionBase):
+    """The action plugin of a module run in the worker: ``MODULE`` names it (``csis_approval``)."""
+
+    MODULE = ""
+    _supports_check_mode = True
+    _supports_async = False
+
+    def module_args(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        """The module's arguments from the task's (plain data): a plugin that decrypts the tree's
+        ``!vault`` values on the controller does it here, and may end the task (raise :class:`Done`)."""
+        return args
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp  # unused
+        spec = importlib.import_module(MODULES + self.MODULE).RUN
+        options = dict(spec.options)
+        try:
+            args = plain(dict(self._task.args))
+        except (TypeError, ValueError) as exc:
+            raise AnsibleActionFail("%s: the arguments are not plain data: %s" % (self.MODULE, exc)) from exc
+        try:
+            args = self.module_args(args)
+        except Done as done:
+            result.update(done.result)
+            return result
+        checked = ArgumentSpecValidator(dict(spec.argument_spec), **{k: options[k] for k in VALIDATOR_OPTIONS if k in options}
+                                        ).validate(args)
+        if checked.error_messages:  # as ActionBase.validate_argument_spec says it, on the plain arguments
+            msg = checked.errors.msg
+            if isinstance(checked.errors.errors[0], UnsupportedError):
+                msg = "Unsupported parameters for (%s) module: %s" % (self._task.resolved_action or self._task.action, msg)
+            raise AnsibleActionFail(msg)
+        params = dict(args, **checked.validated_parameters)
+        if self._task.check_mode and not options.get("supports_check_mode"):
+            result.update(skipped=True, changed=False, msg="%s does not support check mode" % self.MODULE)
+            return result
+        environment: Dict[str, Any] = {}
+        self._compute_environment_string(environment)
+        module = WorkerModule(params, check_mode=bool(self._task.check_mode), diff=bool(self._task.diff))
+        saved = dict(os.environ)
+        os.environ.update({str(k): str(v) for k, v in environment.items()})
+        try:
+            require_libraries(module, spec.requires)  # type: ignore[arg-type]
+            out = call_run(spec.run, module, spec.failure)
+        except Done as done:
+            out = done.result
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        # as AnsibleModule's exit: no value of a no_log option is returned (a secret terraform echoed)
+        out = plain(remove_values(out, checked._no_log_values))
+        if module.warnings:
+            out["warnings"] = list(out.get("warnings") or []) + module.warnings
+        out.setdefault("changed", False)
+        result.update(out)
+        return result

@@ -1,0 +1,178 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""The modules run in the controller's worker (plugins/plugin_utils/controller.py).
+
+Their action plugins run the module's ``RUN`` without a module process. A real
+``ansible-playbook`` run on a copy of ``examples/`` shows that what a module process gave them
+still holds: the module's own argument spec refuses an unknown option and a missing
+``required_by`` in the module's words, check mode writes nothing, and the play's
+``environment:`` (the AWX user the audit trail names) reaches the library. And the module file
+run as a module process (``python <module> <args.json>``, how AnsiballZ ends) returns what the
+worker returned.
+"""
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from trees import EXAMPLES, copy_as_shipped
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
+from ansible_collections.csis.infra.plugins.plugin_utils.controller import ControllerAction
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV = os.path.join(REPO, ".venv")
+PLAYBOOK_BIN = os.path.join(VENV, "bin", "ansible-playbook")
+DIGEST = "ab" * 32
+
+PLAY = """\
+- name: csis.infra modules run in the controller's worker
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  environment:
+    CSIS_AWX_USER_NAME: alice-from-the-play
+  tasks:
+    - name: An option the module does not have
+      csis.infra.csis_run_summary:
+        config_root: "{{ tree }}"
+        bogus: 1
+      register: unknown
+      ignore_errors: true
+
+    - name: An entry without its run id
+      csis.infra.csis_run_summary:
+        config_root: "{{ tree }}"
+        entry: {key: storage-aws-ebs}
+      register: required_by
+      ignore_errors: true
+
+    - name: A write in check mode
+      csis.infra.csis_run_summary:
+        config_root: "{{ tree }}"
+        run_id: r1
+        entry: {key: storage-aws-ebs, status: ok}
+      check_mode: true
+      register: checked
+
+    - name: A receipt, written by the play's AWX user
+      csis.infra.csis_approval:
+        config_root: "{{ tree }}"
+        root: storage-aws-ebs
+        plan_digest: "{{ digest }}"
+        state: requested
+        summary: "Plan: 1 to add, 0 to change, 0 to destroy."
+      register: receipt
+
+    - name: A library refusal
+      csis.infra.csis_approval:
+        config_root: "{{ tree }}"
+        root: storage-aws-ebs
+        plan_digest: "{{ '0' * 64 }}"
+        state: approved
+        method: awx
+        pinned: "{{ digest }}"
+      register: refused
+      ignore_errors: true
+
+    - name: The read of the run summary
+      csis.infra.csis_run_summary:
+        config_root: "{{ tree }}"
+      register: summary
+
+    - name: Keep the results for the test
+      ansible.builtin.copy:
+        dest: "{{ out }}"
+        content: "{{ {'unknown': unknown, 'required_by': required_by, 'checked': checked, 'receipt': receipt,
+                      'refused': refused, 'summary': summary} | to_json }}"
+        mode: "0600"
+"""
+
+
+def _env():
+    return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+
+
+def test_every_controller_action_runs_its_own_modules_run():
+    found = []
+    for path in sorted(glob.glob(os.path.join(REPO, "plugins", "action", "*.py"))):
+        name = os.path.splitext(os.path.basename(path))[0]
+        action = importlib.import_module("ansible_collections.csis.infra.plugins.action." + name).ActionModule
+        if not issubclass(action, ControllerAction):
+            continue
+        found.append(name)
+        assert action.MODULE == name, path
+        module = importlib.import_module("ansible_collections.csis.infra.plugins.modules." + name)
+        assert isinstance(module.RUN, ModuleRun), name
+        assert module.RUN.options.get("supports_check_mode") is True, name
+    assert {"csis_approval", "csis_run_summary", "csis_plan_binding", "csis_apply_check", "csis_preflight"} <= set(found)
+
+
+def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_process(tmp_path):
+    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+    out = tmp_path / "results.json"
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(PLAY, encoding="utf-8")
+    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"tree": tree, "out": str(out), "digest": DIGEST})],
+                         cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads(out.read_text(encoding="utf-8"))
+
+    assert got["unknown"]["failed"] is True
+    assert got["unknown"]["msg"] == ("Unsupported parameters for (csis.infra.csis_run_summary) module: bogus. "
+                                     "Supported parameters include: config_root, entry, run_id.")
+    assert got["required_by"]["failed"] is True
+    assert got["required_by"]["msg"] == "missing parameter(s) required by 'entry': run_id"
+
+    assert got["checked"]["changed"] is False and not got["checked"].get("failed")
+    assert got["summary"]["summary"] is None, "check mode wrote the run summary"
+    assert not os.path.exists(os.path.join(tree, "generated", "run-summary.json"))
+
+    assert got["receipt"]["changed"] is True
+    assert got["receipt"]["receipt"]["summary"] == "Plan: 1 to add, 0 to change, 0 to destroy."
+    trail = history_report(tree, root="storage-aws-ebs")["trail"]
+    assert [doc["who"].get("awx_user_name") for doc in trail] == ["alice-from-the-play"]
+
+    assert got["refused"]["failed"] is True and got["refused"]["changed"] is False
+    assert "storage-aws-ebs" in got["refused"]["msg"]
+
+
+def test_the_module_process_returns_what_the_worker_returns(tmp_path):
+    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"config_root": tree}}), encoding="utf-8")
+    module = os.path.join(REPO, "plugins", "modules", "csis_run_summary.py")
+    env = dict(_env(), PYTHONPATH=os.path.join(VENV, "collections"))
+    proc = subprocess.run([sys.executable, module, str(args)], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by_process = json.loads(proc.stdout)
+
+    playbook = tmp_path / "read.yml"
+    out = tmp_path / "read.json"
+    playbook.write_text(PLAY.split("  tasks:\n", maxsplit=1)[0] + """  tasks:
+    - name: The read of the run summary
+      csis.infra.csis_run_summary:
+        config_root: "{{ tree }}"
+      register: summary
+    - name: Keep it
+      ansible.builtin.copy:
+        dest: "{{ out }}"
+        content: "{{ summary | to_json }}"
+        mode: "0600"
+""", encoding="utf-8")
+    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"tree": tree, "out": str(out)})],
+                         cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    by_worker = json.loads(out.read_text(encoding="utf-8"))
+    for key in ("changed", "path", "summary", "lines"):
+        assert by_worker[key] == by_process[key], key
