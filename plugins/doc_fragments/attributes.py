@@ -39,6 +39,16 @@ ACTION_GROUP_ATTRIBUTE = r"""
       - csis.infra.csis
 """
 
+# the modules whose action plugin runs them in the controller's worker (plugins/plugin_utils/controller.py)
+WORKER_ATTRIBUTE = r"""
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+    details:
+      - The action plugin runs the module in the controller's worker process, with no module process
+        of its own, whatever host the task targets.
+"""
+
 
 class ModuleDocFragment:
     """The descriptions of the attributes every csis.infra module declares.
@@ -47,6 +57,7 @@ class ModuleDocFragment:
     the shared options; a module that is no such kind (csis_verify_instance) uses
     ``csis.infra.attributes`` (check mode, diff mode) and ``csis.infra.attributes.platform``
     (and a member of the ``csis`` action group ``csis.infra.attributes.action_group``).
+    A module its action plugin runs in the controller's worker adds ``csis.infra.attributes.worker``.
     The module itself states ``support`` (and ``details``) for check mode and diff mode.
     """
 
@@ -56,3 +67,4 @@ class ModuleDocFragment:
         self.DOCUMENTATION = "options: {}\nattributes:" + CHECK_MODE_ATTRIBUTE + DIFF_MODE_ATTRIBUTE
         self.PLATFORM = "options: {}\nattributes:" + PLATFORM_ATTRIBUTE
         self.ACTION_GROUP = "options: {}\nattributes:" + ACTION_GROUP_ATTRIBUTE
+        self.WORKER = "options: {}\nattributes:" + WORKER_ATTRIBUTE

@@ -28,6 +28,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.read_only
   - csis.infra.attributes.action_group
+  - csis.infra.attributes.worker
 options:
   lifecycle:
     description: The lifecycle whose apply flag decides (V(instances) is another name for V(instance-image)).

@@ -28,6 +28,7 @@ description:
     run receipts and approves its own plan).
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   root:
     description: The root's key (C(<lifecycle>-<builder>), C(csis_root_item.key)).

@@ -39,6 +39,7 @@ description:
     the apply. A refusal clears any earlier gate record.
 extends_documentation_fragment:
   - csis.infra.controller
+  - csis.infra.attributes.worker
 options:
   project_path:
     description:

@@ -29,6 +29,7 @@ description:
     as C(TF_VAR_<name>) environment. A value that does not decrypt fails the task naming its file and key.
 extends_documentation_fragment:
   - csis.infra.controller
+  - csis.infra.attributes.worker
 options:
   project_path:
     description: The initialised terraform root.

@@ -27,6 +27,7 @@ description:
     the root's files are the ones recorded at the opening (the changed files are named).
 extends_documentation_fragment:
   - csis.infra.controller
+  - csis.infra.attributes.worker
 options:
   project_path:
     description: The terraform root.

@@ -25,6 +25,7 @@ description:
   - Leaves nothing behind but the store's own lock file (which every meta-state write keeps).
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   write:
     description:

@@ -20,6 +20,7 @@ description:
   - Run it only after an apply that happened (the C(csis.infra.tofu_root) role does).
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   root:
     description: One entry of the C(roots) list that M(csis.infra.csis_render) returned.

@@ -32,6 +32,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.config.undeclare
+  - csis.infra.attributes.worker
 options:
   lifecycle:
     description: The lifecycles to render, in order.

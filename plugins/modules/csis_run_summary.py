@@ -22,6 +22,7 @@ description:
   - A report, not meta-state. Nothing reads it to decide anything.
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   run_id:
     description: The run's id (C(csis_run_id)). Required with O(entry).

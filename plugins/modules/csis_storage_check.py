@@ -24,6 +24,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   storages:
     description:

@@ -28,6 +28,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.config.undeclare
+  - csis.infra.attributes.worker
 options:
   vault_problems:
     description:

@@ -6,16 +6,16 @@ run's vault secrets, for the action plugins only.
 
 Ansible modules run in processes of their own without the vault secrets; the action plugins
 run in the controller's worker, whose loader holds them (``--vault-password-file``,
-``--vault-id``, ``--ask-vault-pass``). They decrypt here and hand a module the clear values as
-``no_log`` arguments (``csis_plan``), or put them in the worker's own environment for the one
-task that starts terraform's apply (``csis_apply_start``): never in an ``environment:`` keyword,
-which Ansible prints with the command line at ``-vvv``.
+``--vault-id``, ``--ask-vault-pass``). They decrypt here and hand the module's run in that
+worker the clear values as a ``no_log`` argument (``csis_plan``: plugins/plugin_utils/controller.py),
+or put them in the worker's own environment for the one task that starts terraform's apply
+(``csis_apply_start``): never in an ``environment:`` keyword, which Ansible prints with the
+command line at ``-vvv``.
 """
 from __future__ import annotations
 
 import re
 
-from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.parsing.vault import AnsibleVaultError, VaultLib
@@ -85,22 +85,6 @@ def resolve(loader, secret_map):
             raise AnsibleActionFail(str(failed[0]))
         out[name] = decrypt(value.ciphertext)
     return out
-
-
-def pipeline(connection):
-    """Make the task's module run read its arguments (clear values among them) from its standard
-    input, never from a temporary file of the module (Ansible's pipelining, for this task's
-    connection only). Refuses a run that keeps those files (``ANSIBLE_KEEP_REMOTE_FILES``)."""
-    if C.DEFAULT_KEEP_REMOTE_FILES:
-        raise AnsibleActionFail("ANSIBLE_KEEP_REMOTE_FILES keeps the module's files, which would hold the root's "
-                                "decrypted !vault values: unset it for a run of a tree with secret fields")
-    try:
-        connection.set_option("pipelining", True)
-    except KeyError:  # a connection without the option: pipelining is then its own business
-        pass
-    if not connection.is_pipelining_enabled():
-        raise AnsibleActionFail("the root's decrypted !vault values go to the module by pipelining, which the "
-                                "connection %s does not do (become with a password prompt?)" % connection.transport)
 
 
 def tree_problems(loader, config_root, overlays):

@@ -102,7 +102,7 @@ def _env():
     return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
 
 
-def test_every_controller_action_runs_its_own_modules_run():
+def test_every_controller_action_runs_its_own_modules_run_and_its_docs_say_so():
     found = []
     for path in sorted(glob.glob(os.path.join(REPO, "plugins", "action", "*.py"))):
         name = os.path.splitext(os.path.basename(path))[0]
@@ -114,7 +114,12 @@ def test_every_controller_action_runs_its_own_modules_run():
         module = importlib.import_module("ansible_collections.csis.infra.plugins.modules." + name)
         assert isinstance(module.RUN, ModuleRun), name
         assert module.RUN.options.get("supports_check_mode") is True, name
-    assert {"csis_approval", "csis_run_summary", "csis_plan_binding", "csis_apply_check", "csis_preflight"} <= set(found)
+    documented = sorted(os.path.splitext(os.path.basename(path))[0]
+                        for path in glob.glob(os.path.join(REPO, "plugins", "modules", "*.py"))
+                        if "- csis.infra.attributes.worker\n" in open(path, encoding="utf-8").read())
+    assert documented == found, "the action attribute (csis.infra.attributes.worker) and the ControllerAction plugins differ"
+    assert {"csis_render", "csis_validate", "csis_plan", "csis_gate_plan", "csis_record", "csis_approval",
+            "csis_run_summary", "csis_plan_binding", "csis_apply_check", "csis_preflight", "csis_storage_check"} <= set(found)
 
 
 def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_process(tmp_path):
