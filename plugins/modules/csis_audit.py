@@ -19,6 +19,7 @@ description:
   - Secret-shaped values are refused, as in every meta-state write.
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   kind:
     description: What happened (for example V(gate refused), V(apply check refused), V(failed)).
@@ -66,7 +67,7 @@ revision:
   type: int
 '''
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import audit_event
 
 DETAIL_MAX = 2000
@@ -83,8 +84,9 @@ def _audit(module, p):
     return dict(changed=True, revision=revision)
 
 
-def main():
-    run_module(_audit, argument_spec(
+RUN = ModuleRun(
+    _audit,
+    argument_spec(
         CONFIG_ROOT_ARGS,
         kind=dict(type="str", required=True),
         root=dict(type="str", required=True),
@@ -93,7 +95,15 @@ def main():
         run_id=dict(type="str"),
         lifecycle=dict(type="str"),
         plan_digest=dict(type="str"),
-    ), requires=("PyYAML",), failure={"changed": False}, supports_check_mode=True)
+    ),
+    requires=("PyYAML",),
+    failure={"changed": False},
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ description:
     C(cascade) option.
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
+  - csis.infra.attributes.worker
 options:
   environment:
     description: The environment (a node of kind C(environment) in C(cfg/hierarchy.yml)).
@@ -58,7 +59,7 @@ cascade:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, fail_from, problems_message, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from, problems_message
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.cascade import cascade_of
 
 
@@ -70,10 +71,17 @@ def _cascade(module, p):
     return dict(changed=False, cascade=out)
 
 
+RUN = ModuleRun(
+    _cascade,
+    argument_spec(CONFIG_ARGS, environment=dict(type="str", required=True),
+                  ebs=dict(type="str", choices=["archived", "destroyed"], default="archived")),
+    requires=("PyYAML", "pydantic"),
+    options=dict(supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_cascade, argument_spec(CONFIG_ARGS, environment=dict(type="str", required=True),
-                                       ebs=dict(type="str", choices=["archived", "destroyed"], default="archived")),
-               requires=("PyYAML", "pydantic"), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ description:
   - Reads only.
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   root:
     description: The instance root, one entry of the C(roots) list that M(csis.infra.csis_render) returned.
@@ -106,7 +107,7 @@ keep_on_failure:
   elements: str
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ephemeral import targets
 
 
@@ -116,13 +117,20 @@ def _targets(module, p):
     return dict(res, changed=False)
 
 
+RUN = ModuleRun(
+    _targets,
+    argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True),
+                  recorded=dict(type="dict", default={}),
+                  connection=dict(type="str", default="ssh"),
+                  defaults=dict(type="dict", default={}),
+                  host_vars=dict(type="dict", default={})),
+    requires=("PyYAML",),
+    options=dict(supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_targets, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True),
-                                       recorded=dict(type="dict", default={}),
-                                       connection=dict(type="str", default="ssh"),
-                                       defaults=dict(type="dict", default={}),
-                                       host_vars=dict(type="dict", default={})),
-               requires=("PyYAML",), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   instance:
     description: The instance to forget. Exactly one of I(instance) and I(storage).
@@ -65,7 +66,7 @@ result:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import forget_instance, forget_storage
 
 
@@ -76,12 +77,18 @@ def _forget(module, p):
     return dict(changed=bool(res["written"]) or module.check_mode, result=res)
 
 
+RUN = ModuleRun(
+    _forget,
+    argument_spec(CONFIG_ARGS, instance=dict(type="str"), storage=dict(type="str"),
+                  confirm=dict(type="bool", default=False), force=dict(type="bool", default=False),
+                  run=dict(type="str")),
+    requires=("PyYAML", "pydantic"),
+    options=dict(required_one_of=[("instance", "storage")], mutually_exclusive=[("instance", "storage")], supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_forget, argument_spec(CONFIG_ARGS, instance=dict(type="str"), storage=dict(type="str"),
-                                      confirm=dict(type="bool", default=False), force=dict(type="bool", default=False),
-                                      run=dict(type="str")),
-               requires=("PyYAML", "pydantic"), required_one_of=[("instance", "storage")],
-               mutually_exclusive=[("instance", "storage")], supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

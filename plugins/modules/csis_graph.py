@@ -26,6 +26,7 @@ description:
   - Fails naming C(dot) when graphviz is not installed (C(scripts/bootstrap) installs it); it never skips the picture.
 extends_documentation_fragment:
   - csis.infra.controller.tree
+  - csis.infra.attributes.worker
 options:
   dot:
     description: The graphviz C(dot) program (a name looked up on C(PATH), or a path).
@@ -79,7 +80,7 @@ hard:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, problems_message, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, problems_message
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.graph import picture
 
 
@@ -95,12 +96,21 @@ def _run(module, p):
                 hard=out["hard"], problems=out["problems"])
 
 
-def main():
-    run_module(_run, argument_spec(
+RUN = ModuleRun(
+    _run,
+    argument_spec(
         CONFIG_ARGS,
         dot=dict(type="str", default="dot"),
         timeout=dict(type="int", default=120),
-    ), requires=("PyYAML", "pydantic"), failure={"changed": False}, supports_check_mode=True)
+    ),
+    requires=("PyYAML", "pydantic"),
+    failure={"changed": False},
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

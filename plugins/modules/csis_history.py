@@ -17,6 +17,7 @@ description:
     writes nothing.
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   instance:
     description: Only the revisions that changed this instance's records. At most one of I(instance) and I(storage).
@@ -78,7 +79,7 @@ as_of:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
 
 
@@ -88,11 +89,18 @@ def _history(module, p):
     return dict(changed=False, **out)
 
 
+RUN = ModuleRun(
+    _history,
+    argument_spec(CONFIG_ROOT_ARGS, instance=dict(type="str"), storage=dict(type="str"),
+                  root=dict(type="str"), since=dict(type="int", default=0),
+                  revision=dict(type="int"), details=dict(type="bool", default=False)),
+    requires=("PyYAML",),
+    options=dict(mutually_exclusive=[("instance", "storage")], supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_history, argument_spec(CONFIG_ROOT_ARGS, instance=dict(type="str"), storage=dict(type="str"),
-                                       root=dict(type="str"), since=dict(type="int", default=0),
-                                       revision=dict(type="int"), details=dict(type="bool", default=False)),
-               requires=("PyYAML",), mutually_exclusive=[("instance", "storage")], supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

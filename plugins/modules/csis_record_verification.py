@@ -26,6 +26,7 @@ description:
     is the manual's C(instance <name> failed verification: <check>: <detail>).
 extends_documentation_fragment:
   - csis.infra.controller.instance
+  - csis.infra.attributes.worker
 options:
   on_machine:
     description: The result of M(csis.infra.csis_verify_instance) (its C(checks) and C(evidence)).
@@ -94,7 +95,7 @@ message:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import (
-    AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, argument_spec, fail_from, run_module)
+    AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, fail_from)
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_verification
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import booted_image_check, combine, failure_message
@@ -123,13 +124,21 @@ def _verify(module, p):
     return dict(changed=bool(written), verdict=verdict, ok=verdict["ok"], message=message, written=written)
 
 
-def main():
-    run_module(_verify, argument_spec(
+RUN = ModuleRun(
+    _verify,
+    argument_spec(
         CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS, INSTANCE_ARGS, on_machine=dict(type="dict"),
         error=dict(type="str"), runtime=dict(type="str"), expected_build=dict(type="str"), name_pattern=dict(type="str"),
         check_booted_image=dict(type="bool", default=True), ephemeral=dict(type="bool", default=False),
         run_id=dict(type="str"), record=dict(type="bool", default=True), fail_on_failure=dict(type="bool", default=False),
-    ), requires=("PyYAML",), supports_check_mode=True)
+    ),
+    requires=("PyYAML",),
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.config.undeclare
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   instances:
     description: Also resolve the heads of these instances' images (whatever their policy).
@@ -46,18 +47,12 @@ series_heads:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, ModuleRun, argument_spec, fail_from
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import series_heads, wanted_series
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ARGS, UNDECLARE_ARGS, instances=dict(type="list", elements="str", default=[])),
-        requires=("PyYAML", "pydantic"),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         tree = load_tree(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
         pending = sorted(MetaState(tree.root).load("pins.yaml").get("pending_replacements") or {})
@@ -67,14 +62,26 @@ def main():
         fail_from(module, exc)
     wanted = list(p["instances"]) + pending
     if not wanted_series(tree, wanted):
-        module.exit_json(changed=False, series_heads={})
+        return dict(changed=False, series_heads={})
     try:
         heads = series_heads(tree, wanted)
     except CsisError as exc:
         fail_from(module, exc)
     except Exception as exc:  # botocore: endpoint, credentials
         fail_from(module, exc, prefix="series heads: describe_images failed: ")
-    module.exit_json(changed=False, series_heads=heads)
+    return dict(changed=False, series_heads=heads)
+
+
+RUN = ModuleRun(
+    _run,
+    argument_spec(CONFIG_ARGS, UNDECLARE_ARGS, instances=dict(type="list", elements="str", default=[])),
+    requires=("PyYAML", "pydantic"),
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   storage:
     description: The declared storage to record.
@@ -58,7 +59,7 @@ result:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import import_storage
 
 
@@ -68,10 +69,17 @@ def _import(module, p):
     return dict(changed=res["changed"], result=res)
 
 
+RUN = ModuleRun(
+    _import,
+    argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
+                  storage_id=dict(type="str", required=True), run=dict(type="str")),
+    requires=("PyYAML", "pydantic"),
+    options=dict(supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_import, argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
-                                      storage_id=dict(type="str", required=True), run=dict(type="str")),
-               requires=("PyYAML", "pydantic"), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   project_path:
     description: The terraform root (after C(init)).
@@ -68,7 +69,7 @@ lock:
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import StateLockError, check_and_release
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
 
 
 def _release(module, p):
@@ -85,10 +86,17 @@ def _release(module, p):
     return result
 
 
+RUN = ModuleRun(
+    _release,
+    dict(project_path=dict(type='path', required=True), binary_path=dict(type='str', default='terraform'),
+         release=dict(type='bool', default=True)),
+    failure=dict(changed=False),
+    options=dict(supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_release, dict(project_path=dict(type='path', required=True), binary_path=dict(type='str', default='terraform'),
-                              release=dict(type='bool', default=True)),
-               failure=dict(changed=False), supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == '__main__':

@@ -23,6 +23,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   run:
     description: The run id named in the report (default a UTC timestamp).
@@ -85,17 +86,11 @@ path:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import console_lines, hard_lines, query, report_path, write_report
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ARGS, run=dict(type="str")),
-        requires=("PyYAML", "pydantic", "boto3"),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         report = query(p["config_root"], overlays=p["overlays"], run=p["run"])
     except CsisError as exc:
@@ -107,9 +102,21 @@ def main():
             path, changed = write_report(p["config_root"], report)
         except OSError as exc:
             fail_from(module, exc, prefix="cannot write %s: " % path)
-    module.exit_json(changed=changed, report=report, drift=report["drift"], unavailable=report["unavailable"],
-                     notes=report["notes"], summary=report["summary"], hard=hard_lines(report),
-                     lines=console_lines(report), path=path)
+    return dict(changed=changed, report=report, drift=report["drift"], unavailable=report["unavailable"],
+                notes=report["notes"], summary=report["summary"], hard=hard_lines(report),
+                lines=console_lines(report), path=path)
+
+
+RUN = ModuleRun(
+    _run,
+    argument_spec(CONFIG_ARGS, run=dict(type="str")),
+    requires=("PyYAML", "pydantic", "boto3"),
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

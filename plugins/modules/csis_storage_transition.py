@@ -21,6 +21,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 options:
   root:
     description: The root (an entry of M(csis.infra.csis_render)'s C(roots)).
@@ -50,7 +51,7 @@ result:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import run_transition
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
 
 
 def _transition(module, p):
@@ -60,9 +61,15 @@ def _transition(module, p):
     return dict(changed=not res.get("noop") and not res.get("absent"), result=res)
 
 
+RUN = ModuleRun(
+    _transition,
+    dict(root=dict(type="dict", required=True), transition=dict(type="dict", required=True)),
+    options=dict(supports_check_mode=True),
+)
+
+
 def main():
-    run_module(_transition, dict(root=dict(type="dict", required=True), transition=dict(type="dict", required=True)),
-               supports_check_mode=True)
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.aws.boto3
+  - csis.infra.attributes.worker
 """
 
 EXAMPLES = r"""
@@ -41,25 +42,31 @@ lines:
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import read_meta
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.readback import summarize, summary_lines
 
 
-def main():
-    module = csis_module(argument_spec=argument_spec(CONFIG_ARGS), requires=("PyYAML", "pydantic", "boto3"),
-                         supports_check_mode=True)
+def _run(module, p):
     try:
-        tree = load_tree(module.params["config_root"], overlays=module.params["overlays"])
+        tree = load_tree(p["config_root"], overlays=p["overlays"])
     except CsisError as exc:
         fail_from(module, exc)
     meta, problems = read_meta(tree.root)
     if problems:
-        module.fail_json(msg="\n".join(str(p) for p in problems))
+        module.fail_json(msg="\n".join(str(x) for x in problems))
     try:
         s = summarize(tree, meta)
     except Exception as exc:  # noqa: BLE001 - a transport or permission error, named
         fail_from(module, exc, prefix="could not read the endpoint: ")
-    module.exit_json(changed=False, summary=s, lines=summary_lines(s))
+    return dict(changed=False, summary=s, lines=summary_lines(s))
+
+
+RUN = ModuleRun(_run, argument_spec(CONFIG_ARGS), requires=("PyYAML", "pydantic", "boto3"),
+                options=dict(supports_check_mode=True))
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ description:
     any remote call, for a machine that is gone or a storage that was never mounted.
 extends_documentation_fragment:
   - csis.infra.controller.instance
+  - csis.infra.attributes.worker
 requirements:
   - the OpenSSH client (C(ssh)) on the controller, for O(aws.session_mechanism=ssh)
 options:
@@ -116,7 +117,7 @@ receipt:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.unmount import unmount, unmount_receipt_path
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec
 
 
 def _unmount(module, p):
@@ -129,14 +130,22 @@ def _unmount(module, p):
     return dict(changed=True, receipt=receipt)
 
 
-def main():
-    run_module(_unmount, argument_spec(
+RUN = ModuleRun(
+    _unmount,
+    argument_spec(
         CONFIG_ROOT_ARGS, AWS_ACCESS_ARGS, INSTANCE_ARGS, storage=dict(type="str", required=True),
         mount_point=dict(type="str", required=True), receipts_dir=dict(type="path", required=True), runtime=dict(type="str"),
         confirm=dict(type="bool", default=False), confirmed_by=dict(type="str"), force=dict(type="bool", default=False),
         timeout=dict(type="int", default=300), run_id=dict(type="str"),
-    ), requires=("PyYAML",), failure=lambda module: dict(prefix="" if module.check_mode else "unmount: "),
-        supports_check_mode=True)
+    ),
+    requires=("PyYAML",),
+    failure=lambda module: dict(prefix="" if module.check_mode else "unmount: "),
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ description:
 extends_documentation_fragment:
   - csis.infra.controller.config_root
   - csis.infra.config.instance
+  - csis.infra.attributes.worker
 options:
   to:
     description: The build (AMI id) to move to; default the image's series head at the next run.
@@ -50,7 +51,7 @@ pending:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, INSTANCE_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import mark_upgrade
 
 
@@ -61,10 +62,17 @@ def _mark(module, p):
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 
+RUN = ModuleRun(
+    _mark,
+    argument_spec(CONFIG_ROOT_ARGS, INSTANCE_ARGS, to=dict(type="str"),
+                  run_id=dict(type="str", required=True), requested_by=dict(type="str")),
+    requires=("PyYAML",),
+    options=dict(supports_check_mode=False),
+)
+
+
 def main():
-    run_module(_mark, argument_spec(CONFIG_ROOT_ARGS, INSTANCE_ARGS, to=dict(type="str"),
-                                    run_id=dict(type="str", required=True), requested_by=dict(type="str")),
-               requires=("PyYAML",), supports_check_mode=False)
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ description:
     means (SSH keys, a credential helper).
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   state:
     description: V(committed) commits and pushes the root's branch; V(merged) checks that the main branch holds the root.
@@ -145,7 +146,7 @@ message:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import workspace
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, run_module
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 
 
 def _run(module, p):
@@ -161,15 +162,24 @@ def _run(module, p):
     return dict(changed=False, **workspace.check_merged(p["config_root"], ws.repo, **common))
 
 
-def main():
-    run_module(_run, argument_spec(
+RUN = ModuleRun(
+    _run,
+    argument_spec(
         CONFIG_ROOT_ARGS,
         state=dict(type="str", required=True, choices=["committed", "merged"]),
         root=dict(type="str", required=True), lifecycle=dict(type="str", required=True),
         builder=dict(type="str", required=True), project_path=dict(type="path", required=True),
         destroys=dict(type="int", default=0), summary=dict(type="str", default=""),
         plan_digest=dict(type="str", default=""), run_id=dict(type="str", default=""),
-    ), requires=("pydantic", "PyYAML"), failure=dict(changed=False), supports_check_mode=True)
+    ),
+    requires=("pydantic", "PyYAML"),
+    failure=dict(changed=False),
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -3,14 +3,13 @@
 # Apache License 2.0 (see LICENSE)
 """A csis.infra module run in the controller's worker process instead of a module process.
 
-Every csis.infra module runs on the controller (its docs' ``platform`` attribute). A module
+The csis.infra modules run on the controller (their docs' ``platform`` attribute). A module
 process costs about half a second of CPU before the module's first line: AnsiballZ runs it from
 a zip of its ``module_utils``, from which Python keeps no bytecode, so ``ansible.module_utils.basic``
-is compiled again at each task (benchmarks/README.md, "What one task costs"). The modules whose
-work is local files only (meta-state, plan files, the run summary) are run here instead: their
-action plugin is a :class:`ControllerAction` naming the module, and runs the module's ``RUN``
+is compiled again at each task (benchmarks/README.md, "What one task costs"). So a module's
+action plugin is a :class:`ControllerAction` naming it, which runs the module's ``RUN``
 (:class:`~ansible_collections.csis.infra.plugins.module_utils.csis.module.ModuleRun`) in the
-worker Ansible forked for this task.
+worker Ansible forked for this task, whatever host the task targets.
 
 What a module process would have, the worker gets the same way:
 
@@ -22,8 +21,9 @@ What a module process would have, the worker gets the same way:
 - the module's warnings are the result's ``warnings``; its failure (``fail_json``) is the task's;
 - no value of a ``no_log`` option is in the result (as AnsibleModule's exit removes them).
 
-A module whose process outlives the task (the run lock's watcher, the apply started as an async
-job) keeps its module process.
+A module whose process outlives the task (``csis_run_lock``'s watcher, the apply started as an
+async job) keeps its module process, and so does ``csis_verify_instance``, which runs on the
+launched instance.
 """
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ MODULES = "ansible_collections.csis.infra.plugins.modules."
 VALIDATOR_OPTIONS = ("mutually_exclusive", "required_together", "required_one_of", "required_if", "required_by")
 
 
-class Done(Exception):
-    """The module's exit (``exit_json``) or failure (``fail_json``), with its result."""
+class Done(BaseException):
+    """The module's exit (``exit_json``) or failure (``fail_json``), with its result. Like the
+    SystemExit those raise in a module process, no ``except Exception`` of the module catches it."""
 
     def __init__(self, result: Dict[str, Any]) -> None:
         super().__init__(result.get("msg", ""))
