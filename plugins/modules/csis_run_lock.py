@@ -24,6 +24,7 @@ description:
     C(upgrade_instance.yml)) run it too.
 extends_documentation_fragment:
   - csis.infra.controller.config_root
+  - csis.infra.attributes.worker
 options:
   timeout:
     description:
@@ -95,24 +96,16 @@ controller:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, argument_spec, csis_module, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec, fail_from
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
 
 
-def main():
-    module = csis_module(
-        argument_spec=argument_spec(CONFIG_ROOT_ARGS, timeout=dict(type="float", default=runlock.DEFAULT_TIMEOUT),
-                                    what=dict(type="str", default="csis.infra run"),
-                                    run_id=dict(type="str", default=""), required=dict(type="bool", default=True)),
-        requires=("PyYAML",),
-        supports_check_mode=True,
-    )
-    p = module.params
+def _run(module, p):
     try:
         if module.check_mode:
             objects = runlock.open_objects(p["config_root"])
-            module.exit_json(changed=False, where=objects.label(runlock.RUN_LOCK_NAME), holder=runlock.holder(objects),
-                             controller=runlock.controller_info())
+            return dict(changed=False, where=objects.label(runlock.RUN_LOCK_NAME), holder=runlock.holder(objects),
+                        controller=runlock.controller_info())
         res = runlock.acquire(p["config_root"], timeout=max(0.0, p["timeout"]), what=p["what"], csis_run_id=p["run_id"])
     except runlock.RunLockBusy as exc:
         fail_from(module, exc)
@@ -120,11 +113,25 @@ def main():
         if p["required"]:
             fail_from(module, exc)
         module.warn("running without the run lock: %s" % exc)
-        module.exit_json(changed=False, held=False, where=runlock.RUN_LOCK_NAME, holder=None, reentered=False,
-                         controller=runlock.controller_info())
+        return dict(changed=False, held=False, where=runlock.RUN_LOCK_NAME, holder=None, reentered=False,
+                    controller=runlock.controller_info())
     for notice in res.pop("notices", []):
         module.warn(notice)
-    module.exit_json(changed=False, held=True, **res)
+    return dict(changed=False, held=True, **res)
+
+
+RUN = ModuleRun(
+    _run,
+    argument_spec(CONFIG_ROOT_ARGS, timeout=dict(type="float", default=runlock.DEFAULT_TIMEOUT),
+                  what=dict(type="str", default="csis.infra run"),
+                  run_id=dict(type="str", default=""), required=dict(type="bool", default=True)),
+    requires=("PyYAML",),
+    options=dict(supports_check_mode=True),
+)
+
+
+def main():
+    RUN.main()
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ What a module process would have, the worker gets the same way:
 - the module's warnings are the result's ``warnings``; its failure (``fail_json``) is the task's;
 - no value of a ``no_log`` option is in the result (as AnsibleModule's exit removes them).
 
-A module whose process outlives the task (``csis_run_lock``'s watcher, the apply started as an
-async job) keeps its module process, and so does ``csis_verify_instance``, which runs on the
-launched instance.
+The apply, started as an async job that outlives the task, keeps its module process, and so does
+``csis_verify_instance``, which runs on the launched instance. ``csis_run_lock`` forks its
+watcher (detached) from the worker as it did from its module process.
 """
 from __future__ import annotations
 

@@ -110,9 +110,9 @@ def _env():
     return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
 
 
-#: the modules that keep a module process: the run lock's watcher and the async apply outlive the
-#: task, and csis_verify_instance runs on the launched instance itself
-OWN_PROCESS = {"csis_run_lock", "csis_apply_start", "csis_apply_wait", "csis_verify_instance"}
+#: the modules that keep a module process: the async apply outlives the task, and
+#: csis_verify_instance runs on the launched instance itself
+OWN_PROCESS = {"csis_apply_start", "csis_apply_wait", "csis_verify_instance"}
 
 
 def test_every_other_module_runs_its_own_run_in_the_worker_and_its_docs_say_so():
