@@ -18,8 +18,11 @@ What a module process would have, the worker gets the same way:
 - check mode and diff mode are the task's;
 - the task's ``environment:`` (the play's ``CSIS_AWX_*``, ``CSIS_LOCK_TIMEOUT``) is in
   ``os.environ`` while the module runs, and restored after it;
-- the module's warnings are the result's ``warnings``; its failure (``fail_json``) is the task's;
-- no value of a ``no_log`` option is in the result (as AnsibleModule's exit removes them).
+- the module's warnings are the result's ``warnings``; its failure (``fail_json``) is the task's,
+  and so is an unexpected exception (its traceback as the result's ``exception``, which Ansible
+  shows at ``-vvv``), as a module process's traceback fails its task;
+- no value of a ``no_log`` option is in the result, the message and traceback included (as
+  AnsibleModule's exit removes them).
 
 The apply, started as an async job that outlives the task, keeps its module process, and so does
 ``csis_verify_instance``, which runs on the launched instance. ``csis_run_lock`` forks its
@@ -30,6 +33,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import traceback
 from typing import Any, Dict, List
 
 from ansible.errors import AnsibleActionFail
@@ -127,6 +131,9 @@ class ControllerAction(ActionBase):
             out = call_run(spec.run, module, spec.failure)
         except Done as done:
             out = done.result
+        except Exception as exc:  # pylint: disable=broad-exception-caught - a bug's traceback, scrubbed below
+            out = dict(failed=True, changed=False, msg="%s: unexpected error: %s: %s" % (self.MODULE, type(exc).__name__, exc),
+                       exception=traceback.format_exc())
         finally:
             os.environ.clear()
             os.environ.update(saved)

@@ -25,7 +25,9 @@ from trees import EXAMPLES, copy_as_shipped
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
-from ansible_collections.csis.infra.plugins.plugin_utils.controller import ControllerAction
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import call_run
+from ansible_collections.csis.infra.plugins.plugin_utils.controller import ControllerAction, Done, WorkerModule
 
 pytestmark = pytest.mark.integration
 
@@ -138,6 +140,27 @@ def test_every_other_module_runs_its_own_run_in_the_worker_and_its_docs_say_so()
 
     documented = [m for m in modules if "- csis.infra.attributes.worker\n" in docs(m)]
     assert documented == found, "the action attribute (csis.infra.attributes.worker) and the ControllerAction plugins differ"
+
+
+def test_a_modules_own_except_exception_never_swallows_its_exit_or_failure():
+    def run(module, params):
+        try:
+            module.fail_json(msg="refused %s" % params["x"], changed=False)
+        except Exception:  # noqa: BLE001 - what a module may do around its work
+            return dict(changed=True)
+        return dict(changed=True)
+
+    module = WorkerModule({"x": "it"}, check_mode=False, diff=False)
+    with pytest.raises(Done) as done:
+        call_run(run, module)
+    assert done.value.result == {"failed": True, "changed": False, "msg": "refused it"}
+
+    def raises(module, params):
+        raise CsisError("library says no")
+
+    with pytest.raises(Done) as done:
+        call_run(raises, WorkerModule({}, check_mode=True, diff=False), failure={"prefix": "x: ", "changed": False})
+    assert done.value.result == {"failed": True, "changed": False, "msg": "x: library says no"}
 
 
 def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_process(tmp_path):
