@@ -131,7 +131,8 @@ class ControllerAction(ActionBase):
             out = call_run(spec.run, module, spec.failure)
         except Done as done:
             out = done.result
-        except Exception as exc:  # pylint: disable=broad-exception-caught - a bug's traceback, scrubbed below
+        # a bug in the module's run: its traceback, scrubbed below, as a module process's would fail the task
+        except Exception as exc:  # pylint: disable=broad-exception-caught
             out = dict(failed=True, changed=False, msg="%s: unexpected error: %s: %s" % (self.MODULE, type(exc).__name__, exc),
                        exception=traceback.format_exc())
         finally:
