@@ -20,6 +20,7 @@ lifecycle's render with one line naming file and key, and nothing is written.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -114,8 +115,10 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     assert "csis_plan_changes" in planned.out and "csis_approved_plans" in planned.out, planned.tail()
     assert TAG_VALUE in planned.out
     applied = play("storage.yml")
-    # csis_plan got the decrypted values on its standard input, not in a module file on disk
-    assert "Pipelining is enabled." in applied.out
+    # csis_plan got the decrypted values in the controller's worker: no module process, so no
+    # module file or argument file held them; the one module Ansible started is the apply's
+    used = sorted(set(re.findall(r"Using module file (\S+)", applied.out)))
+    assert used and all(u.endswith("/community/general/plugins/modules/terraform.py") for u in used), used
     play("state_query.yml")
     play("history.yml")
 
