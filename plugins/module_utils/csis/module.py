@@ -5,17 +5,21 @@
 Python libraries a module needs are installed, and :func:`fail_from`, which turns any
 library error (:class:`~.errors.CsisError`) into the module's failure.
 
-A module stays thin: an argument spec and one call, which :func:`run_module` wraps::
+A module stays thin: an argument spec and one call, declared once as its ``RUN``::
 
     def _run(module, p):
         return dict(changed=False, result=library_call(p["config_root"], p["name"]))
 
-    def main():
-        run_module(_run, argument_spec(CONFIG_ARGS, name=dict(type="str")),
-                   requires=("PyYAML", "pydantic"), supports_check_mode=True)
+    RUN = ModuleRun(_run, argument_spec(CONFIG_ARGS, name=dict(type="str")),
+                    requires=("PyYAML", "pydantic"), options=dict(supports_check_mode=True))
 
-(``run_module`` builds the module with :func:`csis_module`, exits with what ``_run`` returns,
-and fails it through :func:`fail_from` on a :class:`~.errors.CsisError`.)
+    def main():
+        RUN.main()
+
+(``RUN.main()`` is :func:`run_module`: it builds the module with :func:`csis_module`, exits with
+what ``_run`` returns, and fails it through :func:`fail_from` on a :class:`~.errors.CsisError`.
+The module's action plugin runs the same ``RUN`` in the controller's worker instead:
+plugins/plugin_utils/controller.py.)
 
 The only file of the library that imports Ansible.
 """
