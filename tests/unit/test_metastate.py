@@ -744,14 +744,14 @@ def test_a_reader_between_two_files_of_a_commit_waits_for_it(tmp_path):
 
 
 def test_forget_through_the_store_keeps_the_files_consistent(tmp_path):
-    """The writers change the related files together (record.forget_instance_records)."""
+    """The writers change the related files together (record.close_instance_records)."""
     from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
 
     ms = _ms(tmp_path)
     _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
     with ms.transaction() as txn:
-        lp, ist, pins = record.load_instance_records(txn)
-        record.forget_instance_records(lp, ist, pins, "test2", "forgotten", "r9")
-        record.save_instance_records(txn, lp, ist, pins, "r9")
+        pins = txn.load("pins.yaml")
+        record.close_instance_records(txn, pins, "test2", "forgotten", "r9")
+        txn.save("pins.yaml", pins)
     assert ms.load("instance-state.yaml")["instances"]["test2"]["current"] is None
     assert launched_instances(ms) == {}

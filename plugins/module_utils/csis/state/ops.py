@@ -43,8 +43,7 @@ from ..render.plan import root_dir
 from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
-from .record import (add_history, forget_instance_records, load_instance_records, save_instance_records,
-                     update_storage_read_model)
+from .record import add_history, close_instance_records, mounted_storages, refresh_storage_model
 from .store import MetaState
 
 
@@ -122,9 +121,10 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     if check:
         return result
     with MetaState(tree.root).transaction("csis_forget instance %s" % name) as txn:
-        lp_data, is_data, pin_data = load_instance_records(txn)
-        forget_instance_records(lp_data, is_data, pin_data, name, "forgotten", run, op="forget")
-        save_instance_records(txn, lp_data, is_data, pin_data, run)
+        pins = txn.load("pins.yaml")
+        launch = close_instance_records(txn, pins, name, "forgotten", run, op="forget")
+        txn.save("pins.yaml", pins)
+        refresh_storage_model(txn, mounted_storages(launch), {name: None})
     result["written"] = list(txn.written)
     return result
 
@@ -166,10 +166,8 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
     if check:
         return result
     with MetaState(tree.root).transaction("csis_forget storage %s" % name) as txn:
-        data = txn.load("storage-state.yaml")
-        data["storages"].pop(name, None)
-        txn.save("storage-state.yaml", data)
-        update_storage_read_model(txn, run)
+        txn.save_record("storage-state.yaml", name, None)
+        refresh_storage_model(txn, [name])
     result["written"] = list(txn.written)
     return result
 
@@ -290,12 +288,10 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     if check:
         return result
     with MetaState(tree.root).transaction("csis_state_import storage %s" % name) as txn:
-        data = txn.load("storage-state.yaml")
-        rec = data["storages"].get(name)
+        rec = txn.load_record("storage-state.yaml", name)
         cur = rec.get("state") if rec else None
         if rec is None:
             rec = {"state": None, "generation": 1, "facts": {}, "history": []}
-            data["storages"][name] = rec
         elif cur == "destroyed":
             rec["generation"] = int(rec.get("generation") or 1) + 1
         kept = {k: v for k, v in (rec.get("facts") or {}).items() if k not in ("volume_id", "file_system_id")}
@@ -303,7 +299,7 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
         rec["state"] = "active"
         add_history(rec, {"from": cur, "to": "active", "run": run, "at": now(), "generation": rec.get("generation", 1),
                     "action": "import", "id": storage_id})
-        txn.save("storage-state.yaml", data)
-        update_storage_read_model(txn, run)
+        txn.save_record("storage-state.yaml", name, rec)
+        refresh_storage_model(txn, [name])
     result["written"] = list(txn.written)
     return result

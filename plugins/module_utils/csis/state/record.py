@@ -69,16 +69,18 @@ def add_history(rec: Dict[str, Any], entry: Dict[str, Any]) -> None:
 def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
                         done_transitions: Iterable[Mapping[str, Any]] = (),
                         context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Record the storages of an applied storage root; returns {storage: (from, to)}."""
+    """Record the storages of an applied storage root; returns {storage: (from, to)}.
+
+    Reads and writes only the records of the root's storages (and their read-model records),
+    whatever else meta-state holds."""
     res = resources(state)
     done = {(t.get("storage"), t.get("action")) for t in done_transitions}
     changes: Dict[str, Any] = {}
     with ms.transaction("csis_record storage root %s" % root.get("builder"), context=context) as txn:
-        data = txn.load("storage-state.yaml")
-        recs = data.setdefault("storages", {})
+        touched = []
         for name, info in sorted((root.get("storages") or {}).items()):
             mine = under(res, info["address"])
-            rec = recs.get(name)
+            rec = txn.load_record("storage-state.yaml", name)
             cur = rec.get("state") if rec else None
             facts: Dict[str, Any] = {"builder": info["builder"], "type": info["type"]}
             if info.get("bucket_name"):
@@ -119,10 +121,10 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
                     new = "destroyed"
                     action = "wipe" if (name, "empty_bucket") in done else None
             if new is None or (rec is not None and new == cur and rec.get("facts", {}) == {**rec.get("facts", {}), **facts}):
+                touched.append(name)  # the read-model record is checked all the same
                 continue
             if rec is None:
                 rec = {"state": None, "generation": 1, "facts": {}, "history": []}
-                recs[name] = rec
             old_facts = rec.get("facts") or {}
             if new != cur:
                 if cur == "destroyed" and new == "active":
@@ -140,64 +142,83 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
             else:
                 facts = {**old_facts, **facts}
             rec["facts"] = facts
-        txn.save("storage-state.yaml", data)
-        update_storage_read_model(txn, run)
+            txn.save_record("storage-state.yaml", name, rec)
+            touched.append(name)
+        refresh_storage_model(txn, touched)
     changes["_written"] = list(txn.written)
     return changes
 
 
-def update_storage_read_model(txn: Any, run: str) -> None:
-    """meta-state/storage.yaml: states and attachments as recorded (a read-model)."""
-    st = txn.load("storage-state.yaml").get("storages") or {}
-    lp = txn.load("launch-params.yaml").get("instances") or {}
-    model: Dict[str, Any] = {}
-    for name, rec in sorted(st.items()):
-        facts = rec.get("facts") or {}
-        attachments = sorted(n for n, r in lp.items() if r.get("launched")
-                             and any(mm.get("storage") == name for mm in r.get("mounts") or []))
-        model[name] = {"builder": facts.get("builder"), "type": facts.get("type"),
-                       "current_state": rec.get("state"), "generation": rec.get("generation", 1),
-                       "attachments": attachments,
-                       "attachment_cardinality": "single" if facts.get("type") == "ebs" else "many"}
-    old = txn.load("storage.yaml")
-    if (old.get("storages") or {}) != model:
-        txn.save("storage.yaml", {"run": run, "storages": model})
+def mounted_storages(launch: Optional[Mapping[str, Any]]) -> set:
+    """The storages a launch-params record mounts."""
+    return {m.get("storage") for m in (launch or {}).get("mounts") or [] if isinstance(m, dict)}
+
+
+def _attached(name: str, launch: Optional[Mapping[str, Any]]) -> bool:
+    return bool(launch) and launch.get("launched") is True and name in mounted_storages(launch)  # type: ignore[union-attr]
+
+
+def storage_model(rec: Mapping[str, Any], attachments: Iterable[str]) -> Dict[str, Any]:
+    """The read-model record (``meta-state/storage.yaml``) of a storage-state record."""
+    facts = rec.get("facts") or {}
+    return {"builder": facts.get("builder"), "type": facts.get("type"),
+            "current_state": rec.get("state"), "generation": rec.get("generation", 1),
+            "attachments": sorted(attachments),
+            "attachment_cardinality": "single" if facts.get("type") == "ebs" else "many"}
+
+
+def refresh_storage_model(txn: Any, storages: Iterable[str],
+                          launches: Optional[Mapping[str, Optional[Mapping[str, Any]]]] = None) -> None:
+    """Bring the read-model records (``meta-state/storage.yaml``: states and attachments as
+    recorded) of ``storages`` in line with their ``storage-state.yaml`` records, one record each.
+
+    ``launches``: the launch-params records this transaction wrote (None: removed), by instance.
+    A storage's attachments are its read-model's, less those instances, plus those of them
+    that are launched and mount it; a storage without a read-model record yet gets them from
+    every launch-params record (the only whole read, once per new record)."""
+    launches = dict(launches or {})
+    every: Optional[Dict[str, Any]] = None
+    for name in sorted(set(storages)):
+        rec = txn.load_record("storage-state.yaml", name)
+        old = txn.load_record("storage.yaml", name)
+        if rec is None:
+            if old is not None:
+                txn.save_record("storage.yaml", name, None)
+            continue
+        if old is None:
+            if every is None:
+                every = txn.load("launch-params.yaml").get("instances") or {}
+            attachments = {n for n, lp in every.items() if _attached(name, lp)}
+        else:
+            attachments = set(old.get("attachments") or []) - set(launches)
+        attachments |= {n for n, lp in launches.items() if _attached(name, lp)}
+        model = storage_model(rec, attachments)
+        if model != old:
+            txn.save_record("storage.yaml", name, model)
 
 
 # --------------------------------------------------------------------------- instances
-#: the records of launched instances, always changed together
-INSTANCE_FILES = ("launch-params.yaml", "instance-state.yaml", "pins.yaml")
-
-
-def load_instance_records(txn: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-    """(launch-params, instance-state, pins) as loaded in the transaction ``txn``."""
-    lp_data, is_data, pins = (txn.load(name) for name in INSTANCE_FILES)
-    return lp_data, is_data, pins
-
-
-def save_instance_records(txn: Any, lp_data: Mapping[str, Any], is_data: Mapping[str, Any],
-                          pins: Mapping[str, Any], run: str) -> None:
-    """Save the three instance records and the storage read-model that depends on them."""
-    for name, data in zip(INSTANCE_FILES, (lp_data, is_data, pins)):
-        txn.save(name, data)
-    update_storage_read_model(txn, run)
-
-
-def forget_instance_records(lp_data: Dict[str, Any], is_data: Dict[str, Any], pins: Dict[str, Any],
-                            name: str, why: str, run: str, op: Optional[str] = None) -> None:
-    """Drop an instance's launch record, close its generation (``why``) and unpin it
-    (upgrade entry ``op``, default ``why``), in already loaded files."""
-    lp_data.setdefault("instances", {}).pop(name, None)
-    srec = is_data.setdefault("instances", {}).get(name)
+def close_instance_records(txn: Any, pins: Dict[str, Any], name: str, why: str, run: str,
+                    op: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Drop instance ``name``'s launch record, close its open generation (``why``) and unpin it
+    (upgrade entry ``op``, default ``why``) in ``pins`` (``pins.yaml`` as loaded in ``txn``, saved
+    by the caller), reading and staging only that instance's records; returns the launch record
+    it dropped (None: there was none)."""
+    launch = txn.load_record("launch-params.yaml", name)
+    if launch is not None:
+        txn.save_record("launch-params.yaml", name, None)
+    srec = txn.load_record("instance-state.yaml", name)
     if srec and srec.get("current"):
         add_history(srec, dict(srec["current"], why=why, closed_run=run, closed_at=now()))
         srec["current"] = None
+        txn.save_record("instance-state.yaml", name, srec)
     old_pin = pins.setdefault("instances", {}).pop(name, None)
     pins.setdefault("pending_replacements", {}).pop(name, None)
     if old_pin is not None:
         upgrades = pins.setdefault("upgrades", [])
         upgrades.append({"kind": "instance", "name": name, "from": old_pin, "op": op or why, "run": run})
         del upgrades[:-200]
+    return launch
 
 
 def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -206,35 +227,41 @@ def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
                          context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Record the instances of an applied instance root; returns {instance: what happened}."""
+    """Record the instances of an applied instance root; returns {instance: what happened}.
+
+    Reads and writes only the records of the root's instances (launch-params, instance-state),
+    ``pins.yaml`` and the read-model records of the storages they mount, whatever else
+    meta-state holds."""
     res = resources(state)
     out: Dict[str, Any] = {}
     with ms.transaction("csis_record instance root %s" % root.get("builder"), context=context) as txn:
-        lp_data, is_data, pins = load_instance_records(txn)
-        lps = lp_data.setdefault("instances", {})
-        iss = is_data.setdefault("instances", {})
+        pins = txn.load("pins.yaml")
         pin_map = pins.setdefault("instances", {})
         pending = pins.setdefault("pending_replacements", {})
         upgrades = pins.setdefault("upgrades", [])
+        launches: Dict[str, Optional[Dict[str, Any]]] = {}
+        storages: set = set()
         for name, info in sorted((root.get("instances") or {}).items()):
             mine = under(res, info["address"])
             inst = _instance_resource(mine)
-            srec = iss.get(name)
+            prev = txn.load_record("launch-params.yaml", name)
             if inst is None:
                 # gone: a decommission or an ephemeral teardown that the apply carried out
-                if name in lps or (srec and srec.get("current")):
+                srec = txn.load_record("instance-state.yaml", name)
+                if prev is not None or (srec and srec.get("current")):
                     why = "decommission" if info.get("decommission") else ("ephemeral" if info.get("ephemeral") else "gone")
-                    if info.get("decommission") or info.get("ephemeral") or (name in lps and not lps[name].get("launched")):
-                        forget_instance_records(lp_data, is_data, pins, name, why, run)
+                    if info.get("decommission") or info.get("ephemeral") or (prev is not None and not prev.get("launched")):
+                        storages |= mounted_storages(close_instance_records(txn, pins, name, why, run))
+                        launches[name] = None
                         out[name] = why
                 continue
+            srec = txn.load_record("instance-state.yaml", name)
             a = inst["attributes"]
             params = copy.deepcopy(info.get("launch_params") or {})
             ephemeral = bool(info.get("ephemeral"))
             kind = "ephemeral" if ephemeral else "durable"
             if srec is None:
                 srec = {"generation": {"durable": 0, "ephemeral": 0}, "current": None, "history": []}
-                iss[name] = srec
             cur = srec.get("current")
             opened = False
             if not cur or cur.get("instance_id") != a.get("id"):
@@ -257,17 +284,21 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                                  "op": "bind" if old_pin is None else ("upgrade" if name in pending else "follow"),
                                  "run": run})
             pending.pop(name, None)
-            prev = lps.get(name) or {}
+            prev = prev or {}
             params["build"] = pin_map.get(name, a.get("ami") or "unbound")
             params["hostname"] = "%s-%03d" % (name, cur["number"])
             params["launched"] = True
             params["launched_run"] = prev.get("launched_run") if (prev.get("launched") and not opened) else run
             if not opened and prev.get("alias"):
                 params["alias"] = prev["alias"]  # a standing machine keeps its alias
-            lps[name] = params
+            txn.save_record("launch-params.yaml", name, params)
+            txn.save_record("instance-state.yaml", name, srec)
+            storages |= mounted_storages(prev) | mounted_storages(params)
+            launches[name] = params
             out[name] = "launched" if opened else "standing"
         del upgrades[:-200]
-        save_instance_records(txn, lp_data, is_data, pins, run)
+        txn.save("pins.yaml", pins)
+        refresh_storage_model(txn, storages, launches)
     out["_written"] = list(txn.written)
     return out
 

@@ -1089,7 +1089,8 @@ class Transaction:
             return copy.deepcopy(self._pending[name])
         read = self._ms._read_checked(name)
         self._seen[name] = read
-        data = read.data
+        # the caller's copy: what was read stays the base that the commit compares with
+        data = json.loads(_text(read.data))
         if name in KEYED:
             top = KEYED[name]
             for (file, key), record in self._records.items():
@@ -1200,7 +1201,7 @@ class Transaction:
             if name in KEYED:
                 full = self._plan_keyed(name, data, ops, after, keys) or full
             else:
-                full = self._plan_whole(name, data, ops) or full
+                self._plan_whole(name, data, ops, keys)
         self._check_invariants(pending, keys, full)
         if not ops and not after and not self.events:
             self.written = []
@@ -1261,9 +1262,10 @@ class Transaction:
             doc["context"] = {k: ("<redacted: secret-shaped>" if find_secrets(v) else v) for k, v in self._context.items()}
         return HEADER + yaml.dump(doc, Dumper=meta_dumper(), sort_keys=True, default_flow_style=False) + FOOTER
 
-    def _plan_whole(self, name: str, data: Dict[str, Any], ops: List[Any]) -> bool:
+    def _plan_whole(self, name: str, data: Dict[str, Any], ops: List[Any], keys: set) -> None:
+        """Stage whole file ``name`` when its content changed; the names of the records it changed
+        in its name-keyed mappings go into ``keys`` (what the invariants then compare)."""
         ms = self._ms
-        payload = dumps(data).encode("utf-8")
         current, version = ms.objects.get(name)
         seen = None if self._import is not None else self._seen.get(name)
         if seen is None or seen.raw != current:
@@ -1272,12 +1274,16 @@ class Transaction:
             old = seen.data
         if seen is not None and seen.version != version:
             raise Conflict("%s: changed since this transaction read it, so it was not overwritten" % ms._label_of(name))
-        if current == payload or (current is None and data == empty(name)):
-            return False
-        ops.append(("put", name, payload, version or ABSENT, name))
+        if (current is not None and data == old) or (current is None and data == empty(name)):
+            return
+        ops.append(("put", name, dumps(data).encode("utf-8"), version or ABSENT, name))
         self.changes.append({"file": name, "action": "changed" if current is not None else "created",
                              "diff": short_diff(old, data)})
-        return any(name in files for files, _check in INVARIANTS)
+        if any(name in files for files, _check in INVARIANTS):
+            for top, kind in FILES[name]:
+                if kind is dict:
+                    before, after = old.get(top) or {}, data.get(top) or {}
+                    keys.update(k for k in set(before) | set(after) if before.get(k, _MISSING) != after.get(k, _MISSING))
 
     def _plan_keyed(self, name: str, data: Dict[str, Any], ops: List[Any], after: List[Any], keys: set) -> bool:
         ms, top = self._ms, KEYED[name]
@@ -1390,6 +1396,15 @@ class Transaction:
             elif full or name not in KEYED:
                 read = ms._read_file(name)
                 data = read.data if read.present else None
+                staged = {key: rec for (file2, key), rec in self._records.items() if file2 == name}
+                if staged:
+                    # what the records staged one by one make of the file
+                    data = copy.deepcopy(data) if data is not None else empty(name)
+                    for key, rec in staged.items():
+                        if rec is None:
+                            data[KEYED[name]].pop(key, None)
+                        else:
+                            data[KEYED[name]][key] = rec
             else:
                 top = KEYED[name]
                 records = {}
