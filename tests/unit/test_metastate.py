@@ -750,8 +750,8 @@ def test_forget_through_the_store_keeps_the_files_consistent(tmp_path):
     ms = _ms(tmp_path)
     _save_all(ms, {n: SAMPLES[n] for n in ("launch-params.yaml", "instance-state.yaml", "pins.yaml")})
     with ms.transaction() as txn:
-        pins = txn.load("pins.yaml")
+        pins = txn.load_rest("pins.yaml")
         record.close_instance_records(txn, pins, "test2", "forgotten", "r9")
-        txn.save("pins.yaml", pins)
+        txn.save_rest("pins.yaml", pins)
     assert ms.load("instance-state.yaml")["instances"]["test2"]["current"] is None
     assert launched_instances(ms) == {}

@@ -141,7 +141,8 @@ def test_whole_files_migrate_on_the_first_transaction(tmp_path):
               IS: {"instances": {"a": _current("i-a")}},
               "storage-state.yaml": {"storages": {"d": {"state": "active", "generation": 1}}},
               "storage.yaml": {"storages": {"d": {"current_state": "active"}}},
-              "pins.yaml": {"instances": {"a": "ami-1"}, "pending_replacements": {}, "upgrades": []}}
+              "pins.yaml": {"instances": {"a": "ami-1"}, "pending_replacements": {"a": {"to": None, "from": "ami-1"}},
+                            "upgrades": [{"kind": "instance", "name": "a", "from": None, "to": "ami-1", "op": "bind"}]}}
     for name, data in legacy.items():
         Path(ms.path(name)).write_text(store.LEGACY_HEADER + yaml.safe_dump(data))
     expected = {name: ms.load(name) for name in store.FILES}
@@ -157,13 +158,15 @@ def test_whole_files_migrate_on_the_first_transaction(tmp_path):
     assert {name: ms.load(name) for name in store.FILES} == expected
     trail = audit_trail(ms)
     assert trail[0]["changes"][0]["action"] == "migrated" and trail[0]["changes"][0]["records"] == 3
-    # every keyed file migrates once written; the others stay whole files
+    # every keyed file migrates once written (pins: a record per pin, the rest beside them);
+    # the others stay whole files
     with ms.transaction() as txn:
         for name in store.KEYED:
             txn.save(name, txn.load(name))
-        txn.save("pins.yaml", txn.load("pins.yaml"))
+        txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
     assert not any(os.path.exists(ms.path(n)) for n in store.KEYED)
-    assert os.path.exists(ms.path("pins.yaml"))
+    assert {"pins/a.yaml", "pins/_rest.yaml", "runs.yaml"} <= set(_files(ms))
+    expected["runs.yaml"] = {"runs": [{"run": "r1"}]}
     assert {name: ms.load(name) for name in store.FILES} == expected
     # a whole file put back by hand (a restored backup) is what is read again, and migrates again
     Path(ms.path(LP)).write_text(yaml.safe_dump({"instances": {"a": _launch("a")}}))

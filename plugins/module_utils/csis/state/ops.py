@@ -121,9 +121,9 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     if check:
         return result
     with MetaState(tree.root).transaction("csis_forget instance %s" % name) as txn:
-        pins = txn.load("pins.yaml")
+        pins = txn.load_rest("pins.yaml")
         launch = close_instance_records(txn, pins, name, "forgotten", run, op="forget")
-        txn.save("pins.yaml", pins)
+        txn.save_rest("pins.yaml", pins)
         refresh_storage_model(txn, mounted_storages(launch), {name: None})
     result["written"] = list(txn.written)
     return result

@@ -199,11 +199,12 @@ def refresh_storage_model(txn: Any, storages: Iterable[str],
 
 # --------------------------------------------------------------------------- instances
 def close_instance_records(txn: Any, pins: Dict[str, Any], name: str, why: str, run: str,
-                    op: Optional[str] = None) -> Optional[Dict[str, Any]]:
-    """Drop instance ``name``'s launch record, close its open generation (``why``) and unpin it
-    (upgrade entry ``op``, default ``why``) in ``pins`` (``pins.yaml`` as loaded in ``txn``, saved
-    by the caller), reading and staging only that instance's records; returns the launch record
-    it dropped (None: there was none)."""
+                           op: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Drop instance ``name``'s launch record, close its open generation (``why``) and its pin,
+    with an upgrade entry ``op`` (default ``why``) and no pending replacement in ``pins`` (the
+    rest of ``pins.yaml`` as :meth:`~.store.Transaction.load_rest` gave it; the caller saves it),
+    reading and staging only that instance's records; returns the launch record it dropped
+    (None: there was none)."""
     launch = txn.load_record("launch-params.yaml", name)
     if launch is not None:
         txn.save_record("launch-params.yaml", name, None)
@@ -212,7 +213,9 @@ def close_instance_records(txn: Any, pins: Dict[str, Any], name: str, why: str, 
         add_history(srec, dict(srec["current"], why=why, closed_run=run, closed_at=now()))
         srec["current"] = None
         txn.save_record("instance-state.yaml", name, srec)
-    old_pin = pins.setdefault("instances", {}).pop(name, None)
+    old_pin = txn.load_record("pins.yaml", name)
+    if old_pin is not None:
+        txn.save_record("pins.yaml", name, None)
     pins.setdefault("pending_replacements", {}).pop(name, None)
     if old_pin is not None:
         upgrades = pins.setdefault("upgrades", [])
@@ -229,16 +232,14 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                          context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record the instances of an applied instance root; returns {instance: what happened}.
 
-    Reads and writes only the records of the root's instances (launch-params, instance-state),
-    ``pins.yaml`` and the read-model records of the storages they mount, whatever else
-    meta-state holds."""
+    Reads and writes only the records of the root's instances (launch-params, instance-state,
+    pins), the rest of ``pins.yaml`` (pending replacements, the upgrade log) and the read-model
+    records of the storages they mount, whatever else meta-state holds."""
     res = resources(state)
     out: Dict[str, Any] = {}
     with ms.transaction("csis_record instance root %s" % root.get("builder"), context=context) as txn:
-        pins = txn.load("pins.yaml")
-        pin_map = pins.setdefault("instances", {})
-        pending = pins.setdefault("pending_replacements", {})
-        upgrades = pins.setdefault("upgrades", [])
+        pins = txn.load_rest("pins.yaml")
+        pending, upgrades = pins["pending_replacements"], pins["upgrades"]
         launches: Dict[str, Optional[Dict[str, Any]]] = {}
         storages: set = set()
         for name, info in sorted((root.get("instances") or {}).items()):
@@ -277,15 +278,16 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                         "ami_id": a.get("ami"), "availability_zone": a.get("availability_zone"),
                         "instance_type": a.get("instance_type")})
             srec["current"] = cur
-            old_pin = pin_map.get(name)
+            old_pin = pin = txn.load_record("pins.yaml", name)
             if not ephemeral and (old_pin is None or name in pending or opened) and a.get("ami") and old_pin != a.get("ami"):
-                pin_map[name] = a.get("ami")
+                pin = a.get("ami")
+                txn.save_record("pins.yaml", name, pin)
                 upgrades.append({"kind": "instance", "name": name, "from": old_pin, "to": a.get("ami"),
                                  "op": "bind" if old_pin is None else ("upgrade" if name in pending else "follow"),
                                  "run": run})
             pending.pop(name, None)
             prev = prev or {}
-            params["build"] = pin_map.get(name, a.get("ami") or "unbound")
+            params["build"] = pin if pin is not None else (a.get("ami") or "unbound")
             params["hostname"] = "%s-%03d" % (name, cur["number"])
             params["launched"] = True
             params["launched_run"] = prev.get("launched_run") if (prev.get("launched") and not opened) else run
@@ -297,7 +299,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
             launches[name] = params
             out[name] = "launched" if opened else "standing"
         del upgrades[:-200]
-        txn.save("pins.yaml", pins)
+        txn.save_rest("pins.yaml", pins)
         refresh_storage_model(txn, storages, launches)
     out["_written"] = list(txn.written)
     return out
@@ -426,16 +428,15 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
     """
     ms = MetaState(config_root)
     with ms.transaction("csis upgrade %s" % instance) as txn:
-        lps = txn.load("launch-params.yaml").get("instances") or {}
-        rec = lps.get(instance)
+        rec = txn.load_record("launch-params.yaml", instance)
         if not isinstance(rec, dict) or not rec.get("launched"):
             raise RecordError("instance '%s' is not launched (meta-state/launch-params.yaml): nothing to upgrade; "
                               "a new instance launches on the series head by itself" % instance)
         if rec.get("ephemeral"):
             raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
-        pins = txn.load("pins.yaml")
-        pending = pins.setdefault("pending_replacements", {})
-        entry = {"to": to, "from": (pins.get("instances") or {}).get(instance), "run": run, "at": now(),
+        pins = txn.load_rest("pins.yaml")
+        pending = pins["pending_replacements"]
+        entry = {"to": to, "from": txn.load_record("pins.yaml", instance), "run": run, "at": now(),
                  "requested_by": requested_by}
         old = pending.get(instance)
         if isinstance(old, dict) and {k: old.get(k) for k in ("to", "from")} == {k: entry[k] for k in ("to", "from")}:
@@ -444,5 +445,5 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
         pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": entry["from"], "to": to,
                                                 "op": "upgrade-requested", "run": run})
         del pins["upgrades"][:-200]
-        txn.save("pins.yaml", pins)
+        txn.save_rest("pins.yaml", pins)
     return {"changed": True, "pending": entry, "written": list(txn.written)}

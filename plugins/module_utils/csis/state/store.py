@@ -565,8 +565,12 @@ KEYED: Dict[str, str] = {
     "storage-state.yaml": "storages",
     "storage.yaml": "storages",
     "plan-receipts.yaml": "roots",
+    # an instance's image pin is a record; the pending replacements and the upgrade log
+    # (at most 200 entries) are the file's rest
+    "pins.yaml": "instances",
 }
-#: in a record folder: the top-level keys of the file other than its records (forward compatible)
+#: in a record folder: the top-level keys of the file other than its records (pins' pending
+#: replacements and upgrade log; any unknown key, forward compatible)
 REST = "_rest.yaml"
 #: the revision counter: ``{revision, time, what}`` of the last committed transaction
 REVISION = "revision.yaml"
@@ -593,6 +597,14 @@ def record_object(name: str, key: str) -> str:
         raise _fail(name, "'%s.%s'" % (KEYED[name], key), "is not a record name (letters, digits, '_', '.', '-', "
                     "starting with a letter or digit, at most 63 characters), so it cannot be stored")
     return "%s/%s.yaml" % (stem(name), key)
+
+
+def rest_of(name: str, data: Mapping[str, Any]) -> Dict[str, Any]:
+    """What keyed file ``name`` holds beside its records (its ``_rest.yaml``): every other
+    top-level key, less the known ones that are empty."""
+    known = dict(FILES[name])
+    return {k: v for k, v in data.items()
+            if k != KEYED[name] and not (k in known and isinstance(v, known[k]) and not v)}
 
 
 def audit_object(revision: int) -> str:
@@ -783,10 +795,10 @@ class MetaState:
         rel = record_object(name, key)
         data = self._decode(name, raw, rel)
         top = KEYED[name]
-        if list(data[top]) != [key] or set(data) != {top}:
+        if list(data[top]) != [key] or rest_of(name, data):
             raise MetaStateError("%s: must hold exactly the record '%s.%s' and nothing else (it holds %s); %s"
                                  % (self._label_of(rel), top, key, ", ".join(
-                                     ["%s.%s" % (top, k) for k in data[top]] + [k for k in data if k != top]) or "nothing",
+                                     ["%s.%s" % (top, k) for k in data[top]] + list(rest_of(name, data))) or "nothing",
                                     DAMAGED))
         return data[top][key]
 
@@ -834,8 +846,7 @@ class MetaState:
             if fname == REST:
                 raw, version = self.objects.get(rel)
                 if raw is not None:
-                    extra = self._decode(name, raw, rel)
-                    rest = (version, {k: v for k, v in extra.items() if k != top})
+                    rest = (version, rest_of(name, self._decode(name, raw, rel)))
                 continue
             key = fname[:-len(".yaml")]
             if not NAME_RE.match(key):
@@ -855,6 +866,8 @@ class MetaState:
             self._save_cache(name, texts)
         data: Dict[str, Any] = {top: {k: json.loads(texts[k][1]) for k in sorted(texts)}}
         data.update(copy.deepcopy(rest[1]))
+        for other, kind in FILES[name]:
+            data.setdefault(other, kind())
         return _Read(data, bool(texts) or rest[0] is not None,
                      versions={k: v for k, (v, _t) in texts.items()},
                      texts={k: t for k, (_v, t) in texts.items()}, rest=rest)
@@ -1059,6 +1072,9 @@ class Transaction:
         self._records: Dict[Tuple[str, str], Optional[Dict[str, Any]]] = {}
         self._seen: Dict[str, _Read] = {}
         self._seen_records: Dict[Tuple[str, str], Tuple[Optional[str], Optional[str]]] = {}
+        # the rest of a keyed file (:meth:`load_rest`): as read (version, data), and as staged
+        self._rest_base: Dict[str, Tuple[Optional[str], Dict[str, Any]]] = {}
+        self._rest_new: Dict[str, Dict[str, Any]] = {}
         self._open = True
         self._base_revision = ms._revision()
         self._import = ms.local_import()
@@ -1099,6 +1115,8 @@ class Transaction:
                         data[top].pop(key, None)
                     else:
                         data[top][key] = copy.deepcopy(record)
+            if name in self._rest_new:
+                data = {top: data[top], **_filled_rest(name, copy.deepcopy(self._rest_new[name]))}
         return data
 
     def _checked(self, name: str, data: Any) -> Dict[str, Any]:
@@ -1127,6 +1145,7 @@ class Transaction:
         self._pending[name] = checked
         for file_key in [fk for fk in self._records if fk[0] == name]:
             del self._records[file_key]
+        self._rest_new.pop(name, None)
 
     # -- one record --------------------------------------------------------------
     def load_record(self, name: str, key: str) -> Optional[Dict[str, Any]]:
@@ -1164,6 +1183,58 @@ class Transaction:
             return
         self._records[(name, key)] = checked
 
+    # -- the rest of a keyed file ------------------------------------------------------
+    def load_rest(self, name: str) -> Dict[str, Any]:
+        """What keyed file ``name`` holds beside its records (``pins.yaml``: ``pending_replacements``
+        and ``upgrades``), each known key present, reading only that object (the whole file while
+        it is not migrated)."""
+        record_object(name, "rest")  # refuses a file that is not kept per record
+        top = KEYED[name]
+        if name in self._pending:
+            return copy.deepcopy({k: v for k, v in self._pending[name].items() if k != top})
+        if name in self._rest_new:
+            return _filled_rest(name, copy.deepcopy(self._rest_new[name]))
+        if name not in self._seen and self._ms.objects.get(name)[0] is not None:
+            self.load(name)  # not migrated yet: the whole file is read, and committed whole
+        if name in self._seen:
+            return _filled_rest(name, copy.deepcopy(rest_of(name, self._seen[name].data)))
+        return _filled_rest(name, copy.deepcopy(self._read_rest(name)[1]))
+
+    def _read_rest(self, name: str) -> Tuple[Optional[str], Dict[str, Any]]:
+        if name not in self._rest_base:
+            rel = "%s/%s" % (stem(name), REST)
+            raw, version = self._ms.objects.get(rel)
+            self._rest_base[name] = (version, {} if raw is None else rest_of(name, self._ms._decode(name, raw, rel)))
+        return self._rest_base[name]
+
+    def save_rest(self, name: str, rest: Mapping[str, Any]) -> None:
+        """Stage ``rest`` as what keyed file ``name`` holds beside its records; validated and
+        scanned as :meth:`save` does. Only that object is written at commit."""
+        record_object(name, "rest")
+        top = KEYED[name]
+        if top in rest:
+            raise MetaStateError("%s: '%s' holds the records, not the rest of the file" % (_label(name), top))
+        checked = rest_of(name, self._checked(name, dict(rest, **{top: {}})))
+        if name in self._pending:
+            self._pending[name] = {top: self._pending[name][top], **_filled_rest(name, checked)}
+            return
+        self._rest_new[name] = checked
+
+    def _whole(self, name: str) -> Dict[str, Any]:
+        """Keyed file ``name`` whole, with what was staged record by record: what a file that is
+        not migrated yet, or was loaded whole in this transaction, commits."""
+        base = self.load(name) if name not in self._seen else copy.deepcopy(self._seen[name].data)
+        top = KEYED[name]
+        for (file2, key2), rec2 in self._records.items():
+            if file2 == name:
+                if rec2 is None:
+                    base[top].pop(key2, None)
+                else:
+                    base[top][key2] = rec2
+        if name in self._rest_new:
+            base = {top: base[top], **_filled_rest(name, self._rest_new[name])}
+        return base
+
     # -- commit ------------------------------------------------------------------
     def _commit(self) -> List[str]:
         """Write every staged record or file that changed, the next revision and its audit record;
@@ -1180,23 +1251,20 @@ class Transaction:
                 if name not in self._pending:
                     self._pending[name] = self.load(name)
             self._records.clear()
+            self._rest_new.clear()
         pending = dict(self._pending)
-        for (name, key), record in self._records.items():
-            if name in pending:
-                continue
-            legacy = objects.get(name)[0]
-            if legacy is not None or name in self._seen:
+        for name in sorted({name for name, _key in self._records} | set(self._rest_new)):
+            if name not in pending and (name in self._seen or objects.get(name)[0] is not None):
                 # not migrated yet (or loaded whole in this transaction): commit the whole file
-                base = self.load(name) if name not in self._seen else copy.deepcopy(self._seen[name].data)
-                for (file2, key2), rec2 in self._records.items():
-                    if file2 == name:
-                        if rec2 is None:
-                            base[KEYED[name]].pop(key2, None)
-                        else:
-                            base[KEYED[name]][key2] = rec2
-                pending[name] = base
-                continue
-            self._plan_record(name, key, record, ops, keys)
+                pending[name] = self._whole(name)
+        for (name, key), record in self._records.items():
+            if name not in pending:
+                self._plan_record(name, key, record, ops, keys)
+        for name, rest in sorted(self._rest_new.items()):
+            if name not in pending:
+                base = self._read_rest(name)
+                if self._plan_rest(name, rest, base, ops):
+                    _changed_names(name, base[1], rest, keys)
         for name, data in pending.items():
             if name in KEYED:
                 full = self._plan_keyed(name, data, ops, after, keys) or full
@@ -1279,11 +1347,7 @@ class Transaction:
         ops.append(("put", name, dumps(data).encode("utf-8"), version or ABSENT, name))
         self.changes.append({"file": name, "action": "changed" if current is not None else "created",
                              "diff": short_diff(old, data)})
-        if any(name in files for files, _check in INVARIANTS):
-            for top, kind in FILES[name]:
-                if kind is dict:
-                    before, after = old.get(top) or {}, data.get(top) or {}
-                    keys.update(k for k in set(before) | set(after) if before.get(k, _MISSING) != after.get(k, _MISSING))
+        _changed_names(name, old, data, keys)
 
     def _plan_keyed(self, name: str, data: Dict[str, Any], ops: List[Any], after: List[Any], keys: set) -> bool:
         ms, top = self._ms, KEYED[name]
@@ -1293,14 +1357,14 @@ class Transaction:
                 for key in sorted(data[top]):
                     ops.append(("put", record_object(name, key), dumps({top: {key: data[top][key]}}).encode("utf-8"),
                                 ABSENT, name))
-                self._plan_rest(name, {k: v for k, v in data.items() if k != top}, (None, {}), ops)
+                self._plan_rest(name, rest_of(name, data), (None, {}), ops)
                 if data[top]:
                     self.changes.append({"file": name, "action": "imported", "records": len(data[top]),
                                          "from": self._import.dir})
                 return True
         else:
             read = self._seen.get(name) or ms._read_file(name)  # unread: every record decoded (damage refused)
-        rest = {k: v for k, v in data.items() if k != top}
+        rest = rest_of(name, data)
         if read.legacy:
             # migration: every record written, records left from before removed, then the whole file
             old = read.data
@@ -1418,6 +1482,9 @@ class Transaction:
                         records[key] = ms._decode_record(name, key, raw)
                 present = bool(records) or bool(ms.objects.listing(stem(name))) if name == "storage.yaml" else True
                 data = {top: records} if present else None
+                if data is not None and any(kind is dict for other, kind in FILES[name] if other != top):
+                    data.update(_filled_rest(name, self._rest_new[name] if name in self._rest_new
+                                             else self._read_rest(name)[1]))
                 if data is not None and name in KEYED and any(n == name for n, _k in self._records):
                     for (file2, key2), rec2 in self._records.items():
                         if file2 == name and rec2 is None:
@@ -1429,6 +1496,25 @@ class Transaction:
         if found:
             raise MetaStateError("%s: the files would contradict each other after this change, so nothing "
                                  "was written" % found[0])
+
+
+def _filled_rest(name: str, rest: Mapping[str, Any]) -> Dict[str, Any]:
+    """``rest`` with every known top-level key of keyed file ``name`` but its records present."""
+    out = {k: kind() for k, kind in FILES[name] if k != KEYED[name]}
+    out.update(rest)
+    return out
+
+
+def _changed_names(name: str, old: Mapping[str, Any], new: Mapping[str, Any], keys: set) -> None:
+    """Add to ``keys`` the names whose entries differ between ``old`` and ``new`` in the
+    name-keyed mappings of file ``name`` (what the cross-file invariants compare), when an
+    invariant relates the file."""
+    if not any(name in files for files, _check in INVARIANTS):
+        return
+    for top, kind in FILES[name]:
+        if kind is dict:
+            before, after = old.get(top) or {}, new.get(top) or {}
+            keys.update(k for k in set(before) | set(after) if before.get(k, _MISSING) != after.get(k, _MISSING))
 
 
 def _revision_body(doc: Mapping[str, Any]) -> bytes:
