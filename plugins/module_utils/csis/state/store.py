@@ -1446,7 +1446,7 @@ class Transaction:
         records of one name, so only the changed names are looked at (all of them when a whole
         file in an invariant, or a not yet migrated one, changed)."""
         ms = self._ms
-        involved = set(pending) | {name for name, _key in self._records}
+        involved = set(pending) | {name for name, _key in self._records} | set(self._rest_new)
         if not involved or not (keys or full):
             return
         names = partners(involved)
