@@ -7,6 +7,10 @@ configuration root (the local store: one file per record), then times:
 * writing that meta-state through one ``MetaState`` transaction;
 * a transaction recording one instance (its launch-params and instance-state records,
   ``save_record``; target < 100 ms), and the same through the whole-file API (``load``/``save``);
+* what an apply's record step does for a one-instance root in that fleet
+  (``record.record_instance_root`` given the root's terraform state as data): the instance
+  standing as recorded, and a new instance launched (its pin bound, its storage's read-model
+  record updated); the fleet has its pins and its storages' read-model, as a real one has;
 * the pure library load (``metastate.launched_instances``) in a fresh ``MetaState`` (the
   reader cache warm, as after any earlier read), and with no reader cache at all;
 * ``ansible-inventory --list`` without cache (cold);
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import load_and_validate  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import record  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (  # noqa: E402
     MetaState, dumps, launched_instances)
 from render_scale import make_tree  # noqa: E402  (the render benchmark's N-instance tree)
@@ -85,6 +90,43 @@ def generate(count: int) -> Tuple[Dict, Dict]:
     return {"instances": params}, {"instances": states}
 
 
+def write_records(ms: MetaState, name: str, top: str, records: Dict) -> None:
+    """Records written as the store lays them out (one file each), without a transaction: its
+    per-file fsync makes tens of thousands of records take many minutes on a busy disk (the
+    store's reads check every file as usual)."""
+    for key, rec in records.items():
+        path = ms.record_path(name, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(dumps({top: {key: rec}}))
+
+
+def fleet_rest(ms: MetaState, params: Dict) -> None:
+    """The pins of the durable instances and the storages they mount (with their read-model),
+    as a fleet that real applies recorded holds them."""
+    write_records(ms, "pins.yaml", "instances", {n: r["build"] for n, r in params.items() if not r["ephemeral"]})
+    storages = {"data%d" % i: {"state": "active", "generation": 1, "history": [],
+                               "facts": {"builder": "aws-ebs", "type": "ebs", "volume_id": "vol-%017x" % i}}
+                for i in range(7)}
+    write_records(ms, "storage-state.yaml", "storages", storages)
+    write_records(ms, "storage.yaml", "storages", {
+        name: record.storage_model(rec, [n for n, r in params.items() if record.mounted_storages(r) == {name}])
+        for name, rec in storages.items()})
+
+
+def applied_root(name: str, params: Dict, iid: str, ami: str) -> Tuple[Dict, Dict]:
+    """(the root item, its terraform state) of a one-instance instance root after its apply."""
+    launch = {k: v for k, v in params.items() if k not in ("build", "hostname", "launched", "launched_run")}
+    root = {"lifecycle": "instance-image", "builder": "aws-ec2",
+            "instances": {name: {"address": "module.inst_%s" % name, "launch_params": launch,
+                                 "ephemeral": params.get("ephemeral")}}}
+    state = {"resources": [{"mode": "managed", "module": "module.inst_%s" % name, "type": "aws_instance",
+                            "name": "this", "instances": [{"attributes": {
+                                "id": iid, "ami": ami, "private_ip": "10.200.0.1", "availability_zone": "us-east-1a",
+                                "instance_type": "t3.medium"}}]}]}
+    return root, state
+
+
 def validate_meta_state(root: str, count: int) -> None:
     """Meta-state matching ``render_scale.make_tree(count)``: every instance launched (its launch
     parameters computed from the tree, as the recorder does) with its open generation, every
@@ -104,22 +146,18 @@ def validate_meta_state(root: str, count: int) -> None:
                       "efs": {"file_system_id": "fs-%017x" % i}, "s3": {"bucket_name": name}}.get(kind, {}))
         storages[name] = {"state": "active", "generation": 1, "history": [], "facts": facts}
     assert len(params) == count
-    # written as the store lays records out (one file each), without a transaction: its
-    # per-file fsync makes 30,000 records take many minutes on a busy disk (the store's reads
-    # check every file as usual; storage.yaml, the read-model, is left out: validate does not use it)
+    # storage.yaml, the read-model, is left out: validate does not use it
     ms = MetaState(root)
     for name, top, records in (("launch-params.yaml", "instances", params), ("instance-state.yaml", "instances", states),
                                ("storage-state.yaml", "storages", storages)):
-        for key, record in records.items():
-            path = ms.record_path(name, key)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(dumps({top: {key: record}}))
+        write_records(ms, name, top, records)
 
 
 #: issue 10's targets at 10,000 launched instances
 TARGETS = {
     "1-instance transaction (save_record)": "< 0.100s",
+    "record an applied 1-instance root: standing": "< 0.100s",
+    "record an applied 1-instance root: new launch": "< 0.100s",
     "ansible-inventory --list (no cache)": "< 1.5s",
     "validate: load_and_validate()": "< 5s",
     "validate: playbooks/validate.yml": "< 5s",
@@ -204,6 +242,27 @@ def main() -> int:
                 txn.save("instance-state.yaml", data)
         rows.append(("1-instance transaction (load/save file)", timed(one_whole, args.repeat)))
 
+        fleet_rest(ms, lp["instances"])
+        launched_instances(MetaState(str(root)))  # the reader cache, as after any earlier read
+
+        def standing() -> None:
+            counter["i"] += 1
+            name = "node%05d" % (1 + 10 * (counter["i"] % (args.count // 10)))  # a durable one
+            item, state = applied_root(name, lp["instances"][name], st["instances"][name]["current"]["instance_id"],
+                                       lp["instances"][name]["build"])
+            got = record.record_instance_root(MetaState(str(root)), item, state, "bench_%d" % counter["i"])
+            assert got[name] == "standing", got
+        rows.append(("record an applied 1-instance root: standing", timed(standing, args.repeat)))
+
+        def new_launch() -> None:
+            counter["i"] += 1
+            name = "new%05d" % counter["i"]
+            params = dict(lp["instances"]["node00001"], alias=None)
+            params.pop("alias")
+            item, state = applied_root(name, params, "i-new%05d" % counter["i"], "ami-%017x" % 7)
+            got = record.record_instance_root(MetaState(str(root)), item, state, "bench_%d" % counter["i"])
+            assert got[name] == "launched" and "pins.yaml" in got["_written"], got
+
         loaded = {}
 
         def load() -> None:
@@ -239,6 +298,8 @@ def main() -> int:
         ini = work / "names.ini"
         ini.write_text("".join("node%05d\n" % i for i in range(args.count)))
         rows.append(("ansible-inventory --list (INI, no vars: core's floor)", timed(ansible_inventory(ini), args.repeat)))
+        # after the inventory rows: it launches instances the rows above would count
+        rows.append(("record an applied 1-instance root: new launch", timed(new_launch, args.repeat)))
 
         if not args.no_validate:
             tree = make_tree(str(work), args.count)
