@@ -122,6 +122,35 @@ def _holder(root, hold, env):
     return proc
 
 
+def test_recording_one_instance_in_s3_reads_and_writes_only_its_objects(checkouts, moto_endpoint):
+    """The record after an apply, in the S3 store: checkout B records one instance of a fleet that
+    A recorded; the other instances' objects are not read (emptied, they would be refused) and
+    the commit writes the instance's records, its pin, the pins' rest and nothing else."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    a = MetaState(str(checkouts("a")))
+    with a.transaction("fleet from A") as txn:
+        for n in ("n1", "n2", "n3"):
+            txn.save_record(LP, n, _launch())
+            txn.save_record(IS, n, _current("i-%s" % n))
+            txn.save_record("pins.yaml", n, "ami-1")
+    s3 = moto_endpoint.client("s3")
+    for n in ("n2", "n3"):
+        for folder in ("launch-params", "instance-state", "pins"):
+            s3.put_object(Bucket=local_aws.STATE_BUCKET, Key="%s/meta-state/%s/%s.yaml" % (checkouts.prefix, folder, n),
+                          Body=b"")
+    root = {"lifecycle": "instance-image", "builder": "ec2", "instances": {
+        "n1": {"address": "module.inst_n1", "launch_params": {"image": "base", "group": "team"}}}}
+    state = {"resources": [{"mode": "managed", "module": "module.inst_n1", "type": "aws_instance", "name": "this",
+                            "instances": [{"attributes": {"id": "i-new", "ami": "ami-2"}}]}]}
+    got = record.record_instance_root(MetaState(str(checkouts("b"))), root, state, "r2")
+    assert got["n1"] == "launched" and sorted(got["_written"]) == sorted([LP, IS, "pins.yaml"])
+    keys = [(c["file"], c.get("key") or "") for c in audit_trail(a)[-1]["changes"]]
+    assert sorted(keys) == sorted([(LP, "n1"), (IS, "n1"), ("pins.yaml", "n1"), ("pins.yaml", "")])
+    assert a.load_record("pins.yaml", "n1") == "ami-2" and a.load_record(IS, "n1")["current"]["instance_id"] == "i-new"
+    assert "pins/_rest.yaml" in _s3_keys(moto_endpoint, checkouts.prefix + "/meta-state")
+
+
 def test_a_second_writer_waits_then_sees_the_first(checkouts, aws_env):
     a, b = checkouts("a"), checkouts("b")
     proc = _holder(a, 1.5, aws_env)
