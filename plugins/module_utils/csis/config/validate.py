@@ -641,17 +641,23 @@ class Validation:
 
     def immutability(self) -> None:
         """N26: a launched instance's launch parameters, computed now, match the recorded ones
-        (instances whose builder, image or storages do not resolve are left to the rules above)."""
+        (instances whose builder, image or storages do not resolve are left to the rules above;
+        those not recorded as launched, or being replaced, have nothing to match)."""
         computed = {}
         replacing = {}
+        recorded = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
         for name, inst in self.t.instances.items():
+            rec = recorded.get(name)
+            if not isinstance(rec, dict) or not rec.get("launched"):
+                continue
             if self.t.instance_builder_for(inst) is None or self.t.image_of(inst) is None:
                 continue
             if any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
                    for s in inst.storages):
                 continue
             replacing[name] = pending_replacement(self.meta, name)
-            computed[name] = compute_launch_params(self.t, self.meta, inst, replacing=replacing[name])
+            if not replacing[name]:
+                computed[name] = compute_launch_params(self.t, self.meta, inst, replacing=False, user_data=False)
         self.problems.extend(immutability_problems(self.t, self.meta, computed, replacing))
 
     def meta_state_backend(self) -> None:

@@ -69,7 +69,10 @@ def follow_target(meta: Mapping[str, Any], inst: m.Instance, img: Optional[m.Ima
 
 
 def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
-                          replacing: bool = False) -> Dict[str, Any]:
+                          replacing: bool = False, user_data: bool = True) -> Dict[str, Any]:
+    """The instance's launch parameters as a launch now would record them. ``user_data=False``
+    leaves out ``user_data_sha256`` (the launch script is not built): what the immutability
+    check compares needs no script, since the key is mutable (:data:`MUTABLE_KEYS`)."""
     builder = tree.instance_builder_for(inst)
     rt = tree.builder_runtime(builder) if builder else None
     img = tree.image_of(inst)
@@ -107,7 +110,8 @@ def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
     }
     if inst.userdata:
         params["userdata"] = inst.userdata
-    params["user_data_sha256"] = hashlib.sha256(user_data_template(params).encode("utf-8")).hexdigest()
+    if user_data:
+        params["user_data_sha256"] = hashlib.sha256(user_data_template(params).encode("utf-8")).hexdigest()
     return params
 
 
