@@ -1108,17 +1108,22 @@ class Transaction:
         read = self._ms._read_checked(name)
         self._seen[name] = read
         # the caller's copy: what was read stays the base that the commit compares with
-        data = json.loads(_text(read.data))
-        if name in KEYED:
-            top = KEYED[name]
-            for (file, key), record in self._records.items():
-                if file == name:
-                    if record is None:
-                        data[top].pop(key, None)
-                    else:
-                        data[top][key] = copy.deepcopy(record)
-            if name in self._rest_new:
-                data = {top: data[top], **_filled_rest(name, copy.deepcopy(self._rest_new[name]))}
+        return self._staged_onto(name, json.loads(_text(read.data)))
+
+    def _staged_onto(self, name: str, data: Dict[str, Any]) -> Dict[str, Any]:
+        """``data`` (a whole file ``name``, changed in place) with the records and the rest staged
+        one by one in this transaction (copies of them)."""
+        if name not in KEYED:
+            return data
+        top = KEYED[name]
+        for (file2, key), record in self._records.items():
+            if file2 == name:
+                if record is None:
+                    data[top].pop(key, None)
+                else:
+                    data[top][key] = copy.deepcopy(record)
+        if name in self._rest_new:
+            data = {top: data[top], **_filled_rest(name, copy.deepcopy(self._rest_new[name]))}
         return data
 
     def _checked(self, name: str, data: Any) -> Dict[str, Any]:
@@ -1225,17 +1230,9 @@ class Transaction:
     def _whole(self, name: str) -> Dict[str, Any]:
         """Keyed file ``name`` whole, with what was staged record by record: what a file that is
         not migrated yet, or was loaded whole in this transaction, commits."""
-        base = self.load(name) if name not in self._seen else copy.deepcopy(self._seen[name].data)
-        top = KEYED[name]
-        for (file2, key2), rec2 in self._records.items():
-            if file2 == name:
-                if rec2 is None:
-                    base[top].pop(key2, None)
-                else:
-                    base[top][key2] = rec2
-        if name in self._rest_new:
-            base = {top: base[top], **_filled_rest(name, self._rest_new[name])}
-        return base
+        if name not in self._seen:
+            return self.load(name)  # read now, with what was staged
+        return self._staged_onto(name, copy.deepcopy(self._seen[name].data))
 
     # -- commit ------------------------------------------------------------------
     def _commit(self) -> List[str]:
@@ -1462,15 +1459,9 @@ class Transaction:
             elif full or name not in KEYED:
                 read = ms._read_file(name)
                 data = read.data if read.present else None
-                staged = {key: rec for (file2, key), rec in self._records.items() if file2 == name}
-                if staged:
+                if any(file2 == name for file2, _key in self._records) or name in self._rest_new:
                     # what the records staged one by one make of the file
-                    data = copy.deepcopy(data) if data is not None else empty(name)
-                    for key, rec in staged.items():
-                        if rec is None:
-                            data[KEYED[name]].pop(key, None)
-                        else:
-                            data[KEYED[name]][key] = rec
+                    data = self._staged_onto(name, copy.deepcopy(data) if data is not None else empty(name))
             else:
                 top = KEYED[name]
                 records = {}
