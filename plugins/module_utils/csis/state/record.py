@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ..clock import now
 from ..errors import CsisError
