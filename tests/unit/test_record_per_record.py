@@ -152,6 +152,11 @@ def test_pins_are_records_and_the_rest_is_beside_them(tmp_path):
             rest = txn.load_rest(PINS)
             rest["pending_replacements"]["n7"] = {"to": None}
             txn.save_rest(PINS, rest)
+    with pytest.raises(MetaStateError, match=r"'pending_replacements.n7' asks to replace an instance"):
+        with ms.transaction("bad, whole") as txn:
+            whole = txn.load(PINS)
+            whole["pending_replacements"]["n7"] = {"to": None}
+            txn.save(PINS, whole)
     with pytest.raises(MetaStateError, match=r"'instances' holds the records"):
         with ms.transaction("bad") as txn:
             txn.save_rest(PINS, {"instances": {}})

@@ -1397,7 +1397,9 @@ class Transaction:
             self._change(name, key, json.loads(read.texts[key]), None)
             keys.add(key)
             changed = True
-        changed = self._plan_rest(name, rest, read.rest, ops) or changed
+        if self._plan_rest(name, rest, read.rest, ops):
+            _changed_names(name, read.rest[1], rest, keys)  # pins' pending replacements
+            changed = True
         return name == "storage.yaml" and changed and not read.present
 
     def _plan_rest(self, name: str, rest: Dict[str, Any], base: Tuple[Optional[str], Dict[str, Any]],
@@ -1442,8 +1444,8 @@ class Transaction:
 
     def _check_invariants(self, pending: Dict[str, Dict[str, Any]], keys: set, full: bool) -> None:
         """Refuse a commit that would make files contradict each other. Every invariant relates
-        records of one name, so only the changed names are looked at (all of them when a whole
-        file in an invariant, or a not yet migrated one, changed)."""
+        records of one name, so only the changed names are looked at (all of them when a file not
+        yet migrated is involved, or the read-model is written for the first time)."""
         ms = self._ms
         involved = set(pending) | {name for name, _key in self._records} | set(self._rest_new)
         if not involved or not (keys or full):
