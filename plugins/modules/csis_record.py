@@ -16,7 +16,9 @@ description:
     Instance roots update C(launch-params.yaml) (the C(launched) marker and the launch parameters),
     C(instance-state.yaml) (generations, instance id, private address, booted AMI) and C(pins.yaml)
     (first binds, moves after a replacement, forgets after a decommission or an ephemeral teardown).
-  - Every write is atomic and taken under the meta-state lock.
+  - Every write is atomic and taken under the meta-state lock. Only the records of the root's own
+    instances and storages, their pins and the read-model records of the storages they mount are
+    read and written, whatever else meta-state holds (docs/meta-state.md).
   - Run it only after an apply that happened (the C(csis.infra.tofu_root) role does).
 extends_documentation_fragment:
   - csis.infra.controller.config_root
@@ -64,7 +66,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 written:
-  description: The meta-state files this call rewrote (empty when reality matched the records).
+  description: The meta-state files this call wrote records of (only the records it changed, each one alone; empty
+    when reality matched the records).
   returned: success
   type: list
   elements: str
