@@ -60,8 +60,7 @@ def _fleet(ms: MetaState, count: int) -> None:
 def _rebuilt_model(ms: MetaState) -> Dict[str, Any]:
     """storage.yaml as a rebuild from every storage and launch record gives it."""
     launches = ms.load(LP)["instances"]
-    return {name: record.storage_model(rec, [n for n, lp in launches.items()
-                                             if lp.get("launched") and name in record.mounted_storages(lp)])
+    return {name: record.storage_model(rec, [n for n, lp in launches.items() if record.attaches(name, lp)])
             for name, rec in ms.load(ST)["storages"].items()}
 
 

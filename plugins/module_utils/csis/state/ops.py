@@ -43,7 +43,7 @@ from ..render.plan import root_dir
 from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
-from .record import add_history, close_instance_records, mounted_storages, refresh_storage_model
+from .record import add_history, attaches, close_instance_records, mounted_storages, refresh_storage_model
 from .store import MetaState
 
 
@@ -158,8 +158,7 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
             checked = "%s %s is gone" % (obs.get("what"), obs.get("id"))
     if recs[name].get("state") != "destroyed" and not (force or confirm):
         raise not_destroyed("storage '%s'" % name, recs[name].get("state"), checked)
-    mounted = sorted(n for n, r in meta["launch-params.yaml"]["instances"].items()
-                     if r.get("launched") and any(m.get("storage") == name for m in r.get("mounts") or []))
+    mounted = sorted(n for n, r in meta["launch-params.yaml"]["instances"].items() if attaches(name, r))
     run = run or run_id()
     result = {"storage": name, "was": recs[name].get("state"), "checked": checked, "mounted_by": mounted,
               "written": []}

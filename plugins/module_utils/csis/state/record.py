@@ -154,8 +154,9 @@ def mounted_storages(launch: Optional[Mapping[str, Any]]) -> set:
     return {m.get("storage") for m in (launch or {}).get("mounts") or [] if isinstance(m, dict)}
 
 
-def _attached(name: str, launch: Optional[Mapping[str, Any]]) -> bool:
-    return bool(launch) and launch.get("launched") is True and name in mounted_storages(launch)  # type: ignore[union-attr]
+def attaches(name: str, launch: Optional[Mapping[str, Any]]) -> bool:
+    """Whether a launch-params record attaches storage ``name``: launched, and mounting it."""
+    return bool(launch and launch.get("launched")) and name in mounted_storages(launch)
 
 
 def storage_model(rec: Mapping[str, Any], attachments: Iterable[str]) -> Dict[str, Any]:
@@ -188,10 +189,10 @@ def refresh_storage_model(txn: Any, storages: Iterable[str],
         if old is None:
             if every is None:
                 every = txn.load("launch-params.yaml").get("instances") or {}
-            attachments = {n for n, lp in every.items() if _attached(name, lp)}
+            attachments = {n for n, lp in every.items() if attaches(name, lp)}
         else:
             attachments = set(old.get("attachments") or []) - set(launches)
-        attachments |= {n for n, lp in launches.items() if _attached(name, lp)}
+        attachments |= {n for n, lp in launches.items() if attaches(name, lp)}
         model = storage_model(rec, attachments)
         if model != old:
             txn.save_record("storage.yaml", name, model)
