@@ -91,6 +91,21 @@ class ControllerAction(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Import the module (and the library it uses) where its action plugin is defined.
+
+        Ansible's strategy loads a task's action plugin class in the controller before it forks
+        the task's worker (``action_loader.get(..., class_only=True)``), so every later worker
+        inherits these imports instead of importing the library again (the configuration
+        models, boto3: about half a second of CPU per task). An import that fails here is left
+        to :meth:`run`, which fails the task with the error."""
+        super().__init_subclass__(**kwargs)
+        if cls.MODULE:
+            try:
+                importlib.import_module(MODULES + cls.MODULE)
+            except Exception:  # pylint: disable=broad-exception-caught
+                pass
+
     def module_args(self, args: Dict[str, Any]) -> Dict[str, Any]:
         """The module's arguments from the task's (plain data): a plugin that decrypts the tree's
         ``!vault`` values on the controller does it here, and may end the task (raise :class:`Done`)."""

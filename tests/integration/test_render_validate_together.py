@@ -77,3 +77,51 @@ def test_an_invalid_root_is_named_alone_with_terraforms_message(rendered: Dict[s
     assert not os.path.exists(os.path.join(s3, writer.STAMP))
     again = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
     assert [c["cmd"] for c in again[ebs]] == UNCHANGED
+
+
+def _copy_ebs_root(rendered: Dict[str, Any], tmp_path: Any) -> str:
+    """A copy of the rendered EBS root, prepared where it is (the modules' paths are in the stamp)."""
+    root = os.path.join(str(tmp_path), "copy")
+    shutil.copytree(rendered["root"], root, symlinks=True)
+    ebs = os.path.join(root, "generated", "storage", "solo-ebs", "storage-generation")
+    writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
+    assert [c["cmd"] for c in writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)[ebs]] == UNCHANGED
+    return ebs
+
+
+def _edit(path: str, old: str, new: str) -> None:
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    assert old in text, (path, old)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text.replace(old, new))
+
+
+def test_a_changed_module_argument_is_validated_without_a_new_init(rendered: Dict[str, Any], tmp_path: Any) -> None:
+    """A root whose files changed where init does not read (a module call's argument: what a pinned
+    AMI or a new size does) is formatted and validated again, not initialised again."""
+    ebs = _copy_ebs_root(rendered, tmp_path)
+    call = os.path.join(ebs, "solo-ebs-storage-generation-storage-scratch.tf")
+    _edit(call, "size              = 100", "size              = 200")
+    out = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
+    cmds = [c["cmd"] for c in out[ebs]]
+    assert cmds[0].startswith("terraform fmt -check") and cmds[1] == writer.INIT_UNCHANGED, cmds
+    assert cmds[2] == "terraform validate -no-color", cmds
+    again = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
+    assert [c["cmd"] for c in again[ebs]] == UNCHANGED
+
+
+def test_a_new_module_call_is_initialised_again(rendered: Dict[str, Any], tmp_path: Any) -> None:
+    """A module call init has not installed (a new storage, a new instance) makes the root init
+    again: validate alone would fail with terraform's "Module not installed"."""
+    ebs = _copy_ebs_root(rendered, tmp_path)
+    call = os.path.join(ebs, "solo-ebs-storage-generation-storage-scratch.tf")
+    with open(call, encoding="utf-8") as fh:
+        text = fh.read()
+    twin = text.split('output "storage_scratch"', maxsplit=1)[0].replace('module "storage_scratch"', 'module "storage_twin"')
+    with open(call, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n" + twin.split("\n\n", 2)[-1])
+    out = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
+    cmds = [c["cmd"] for c in out[ebs]]
+    assert "-backend=false" in cmds[1] and cmds[1].startswith("terraform init"), cmds
+    assert cmds[2] == "terraform validate -no-color", cmds

@@ -218,6 +218,15 @@ def _module_dirs(plan_dir: str) -> List[str]:
     return sorted(out)
 
 
+def _module_dirs_digest(h: Any, plan_dir: str) -> None:
+    for d in _module_dirs(plan_dir):
+        for base, dirs, names in os.walk(d):
+            dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+            for n in sorted(names):
+                p = os.path.join(base, n)
+                h.update(p.encode() + b"\0" + (_read(p) or "").encode() + b"\0")
+
+
 def prepare_key(plan_dir: str, binary: str, dry_run: bool) -> str:
     """What a successful fmt/init/validate depended on: the root's files, the modules it
     calls, the binary and the kind of init."""
@@ -225,23 +234,74 @@ def prepare_key(plan_dir: str, binary: str, dry_run: bool) -> str:
     h.update(("%s|%s|" % (binary, dry_run)).encode())
     for n in sorted(_manifest(plan_dir)):
         h.update(n.encode() + b"\0" + (_read(os.path.join(plan_dir, n)) or "").encode() + b"\0")
-    for d in _module_dirs(plan_dir):
-        for base, dirs, names in os.walk(d):
-            dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-            for n in sorted(names):
-                p = os.path.join(base, n)
-                h.update(p.encode() + b"\0" + (_read(p) or "").encode() + b"\0")
+    _module_dirs_digest(h, plan_dir)
+    return h.hexdigest()
+
+
+#: a top-level block's first line in a generated (fmt-formatted) file
+_BLOCK = re.compile(r'^(terraform|provider|module|resource|data)\b[^\n]*\{$')
+#: the lines of a ``module`` block that ``terraform init`` reads (its own arguments: fmt indents them by two)
+_MODULE_INIT_LINE = re.compile(r'^  (source|version) *=')
+
+
+def init_inputs(plan_dir: str) -> List[str]:
+    """The parts of a root's generated files that ``terraform init`` depends on: every
+    ``terraform`` block whole (required providers, backend), each ``module`` call's name,
+    ``source`` and ``version``, and the first line of every ``provider``, ``resource`` and ``data``
+    block (a resource type implies its provider). The arguments of module calls and resources,
+    the variables, the launch scripts are not: a change to those needs no new ``init``."""
+    out: List[str] = []
+    for n in sorted(_manifest(plan_dir)):
+        if not n.endswith(".tf"):
+            continue
+        kind = None
+        for line in (_read(os.path.join(plan_dir, n)) or "").splitlines():
+            if kind is None:
+                m = _BLOCK.match(line)
+                if m:
+                    kind = m.group(1)
+                    out.append("%s: %s" % (n, line))
+                continue
+            if line == "}":
+                kind = None
+            elif kind == "terraform" or (kind == "module" and _MODULE_INIT_LINE.match(line)):
+                out.append("%s: %s" % (n, line))
+    return out
+
+
+def init_key(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str]) -> str:
+    """What a successful ``init`` of ``plan_dir`` depended on (:func:`init_inputs`, the backend
+    file, the modules the root calls, the binary, the kind of init). A root whose files changed
+    and whose init key did not is not initialised again: fmt (and in a dry run validate) only."""
+    h = hashlib.sha256()
+    h.update(("%s|%s|" % (binary, dry_run)).encode())
+    h.update("\n".join(init_inputs(plan_dir)).encode() + b"\0")
+    if backend_file:
+        path = backend_file if os.path.isabs(backend_file) else os.path.join(plan_dir, backend_file)
+        h.update(path.encode() + b"\0" + (_read(path) or "").encode() + b"\0")
+    _module_dirs_digest(h, plan_dir)
     return h.hexdigest()
 
 
 UNCHANGED = "(unchanged since the last successful fmt/init/validate)"
+INIT_UNCHANGED = "(init: what it reads is unchanged since the last successful init)"
 
 
-def _write_stamp(plan_dir: str, key: str) -> None:
+def _read_stamp(plan_dir: str) -> Dict[str, str]:
+    """The stamp's ``{key, init}`` (an older stamp, one key line, has no init key)."""
+    text = (_read(os.path.join(plan_dir, STAMP)) or "").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"key": text} if text else {}
+    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def _write_stamp(plan_dir: str, key: str, init: Optional[str]) -> None:
     stamp = os.path.join(plan_dir, STAMP)
     os.makedirs(os.path.dirname(stamp), exist_ok=True)
     with open(stamp, "w", encoding="utf-8") as fh:
-        fh.write(key + "\n")
+        fh.write(json.dumps({"key": key, "init": init} if init else {"key": key}) + "\n")
 
 
 def _failed(plan_dir: str, r: Mapping[str, Any]) -> EmitError:
@@ -292,14 +352,20 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
     validates such roots together, then stamps them).
     """
     key = prepare_key(plan_dir, binary, dry_run)
-    stamp = os.path.join(plan_dir, STAMP)
-    if not force and (_read(stamp) or "").strip() == key:
+    ikey = init_key(plan_dir, binary, dry_run, backend_file)
+    stamp = {} if force else _read_stamp(plan_dir)
+    if stamp.get("key") == key:
         if cache_filled is not None and fills_cache:
             cache_filled.set()
         return [{"cmd": UNCHANGED, "rc": 0, "stdout": "", "stderr": ""}]
+    # the files changed, not what init reads (a module argument, a launch script): no init
+    init_done = stamp.get("init") == ikey
     done = []
     for args in terraform.prepare_steps(dry_run, backend_file):
         if defer_validate and args[0] == "validate":
+            continue
+        if init_done and args[0] == "init":
+            done.append({"cmd": INIT_UNCHANGED, "rc": 0, "stdout": "", "stderr": ""})
             continue
         if args[0] == "init":
             # a run killed during an earlier init may have cut the backend settings short
@@ -322,7 +388,7 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
                 cache_filled.set()
             raise _failed(plan_dir, r)
     if not defer_validate:
-        _write_stamp(plan_dir, key)
+        _write_stamp(plan_dir, key, ikey)
     return done
 
 
@@ -370,12 +436,12 @@ def validate_together(binary: str, dirs: Sequence[str],
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _validate_alone(plan_dir: str, binary: str, dry_run: bool,
+def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
                     extra_env: Optional[Mapping[str, str]]) -> List[Dict[str, Any]]:
     r = terraform.run(binary, ["validate", "-no-color"], plan_dir, extra_env)
     if r["rc"] != 0:
         raise _failed(plan_dir, r)
-    _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run))
+    _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), init_key(plan_dir, binary, dry_run, backend_file))
     return [r]
 
 
@@ -393,6 +459,7 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
         # the first root's init fills the plugin cache alone; the other roots' inits start when
         # it is done (or when the first root needed none) and share the cache lock
         first_done = threading.Event()
+        backend_files = {d: bf for d, _b, bf in items}
         futs = {pool.submit(prepare_root, d, b, dry_run, bf, extra_env, False, i == 0, first_done, dry_run): (d, b)
                 for i, (d, b, bf) in enumerate(items)}
         for fut in futs:  # the first root ends however it ends: never leave the others waiting
@@ -417,9 +484,9 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
                 continue
             cmd = "%s validate -no-color (one run for %d roots)" % (os.path.basename(b), len(dirs))
             for d in dirs:
-                _write_stamp(d, prepare_key(d, b, dry_run))
+                _write_stamp(d, prepare_key(d, b, dry_run), init_key(d, b, dry_run, backend_files[d]))
                 out[d].append(dict(together, cmd=cmd))
-        vfuts = {pool.submit(_validate_alone, d, b, dry_run, extra_env): d for d, b in alone}
+        vfuts = {pool.submit(_validate_alone, d, b, dry_run, backend_files[d], extra_env): d for d, b in alone}
         for fut in concurrent.futures.as_completed(vfuts):
             try:
                 out[vfuts[fut]].extend(fut.result())
