@@ -14,6 +14,7 @@ from ansible_collections.csis.infra.plugins.plugin_utils.controller import Contr
 
 class ActionModule(ControllerAction):
     MODULE = "csis_plan"
+    AWS_SERVICES = ("s3",)
 
     def module_args(self, args):
         args["secret_env"] = vault.resolve(self._loader, args.pop("secrets", None) or {})

@@ -10,3 +10,4 @@ from ansible_collections.csis.infra.plugins.plugin_utils.controller import Contr
 
 class ActionModule(ControllerAction):
     MODULE = "csis_series_heads"
+    AWS_SERVICES = ("ec2",)

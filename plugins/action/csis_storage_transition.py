@@ -10,3 +10,4 @@ from ansible_collections.csis.infra.plugins.plugin_utils.controller import Contr
 
 class ActionModule(ControllerAction):
     MODULE = "csis_storage_transition"
+    AWS_SERVICES = ("ec2", "s3")

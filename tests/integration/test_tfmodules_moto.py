@@ -3,9 +3,11 @@
 # Apache License 2.0 (see LICENSE)
 """The terraform modules (tfmodules/) applied for real against the session's moto server.
 
-Each test writes a small root calling one module, runs ``init`` + ``apply``, checks the
-result with boto3, then requires a second ``plan -detailed-exitcode`` to be empty
-(exit 0): a module that moto (or AWS) makes non-idempotent fails here.
+One root calls every storage module and the instance module, applied once for the file
+(``init`` + ``apply``), then a second ``plan -detailed-exitcode`` must be empty (exit 0): a
+module that moto (or AWS) makes non-idempotent fails there. Each test checks one module's
+outputs and what the endpoint holds with boto3. The S3 backend and remote-state test has
+roots of its own.
 """
 from __future__ import annotations
 
@@ -157,16 +159,111 @@ def test_module_files(module):
             assert 'provider "' not in fh.read(), "modules take the provider from the caller"
 
 
-# -- EBS ------------------------------------------------------------------------------
-def test_ebs_volume(tmp_path, tf_env, moto_endpoint):
-    body = module_block("data", "aws_storage_ebs", {
-        "name": "tfm-ebs-data",
-        "size": 20,
-        "subnet_id": moto_endpoint.subnet_ids["private-b"],
-        "tags": {"csis:storage": "data", "Team": "infra"},
-    }) + outputs_block("data", ["volume_id", "volume_arn", "availability_zone"])
-    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
+# -- one root calling every storage module and the instance module ---------------------
+# The modules are applied together, once for the file: one init, one apply (terraform creates
+# the resources in parallel, so the S3 lifecycle configuration's 55 s wait, the instance's
+# and the EFS mount targets' overlap), one second plan that must be empty. Each test below
+# checks its module's outputs and what the endpoint holds.
+INSTANCE_USER_DATA = "#!/bin/bash\necho csis > /etc/csis-node\n"
 
+
+def _instance_calls(moto_endpoint) -> str:
+    subnet = moto_endpoint.subnet_ids["private-a"]
+    sgs = [moto_endpoint.security_groups["addl"], moto_endpoint.security_groups["ssh_relay"]]
+    return module_block("node_data", "aws_storage_ebs", {
+        "name": "tfm-node-data", "size": 10, "subnet_id": subnet,
+    }) + """
+module "node" {
+  source                 = %s
+  name                   = "tfm-node-1"
+  ami_name_pattern       = "imgfile-basic-dask-pckr-ebs-ans-*"
+  instance_type          = "t3.small"
+  subnet_id              = %s
+  vpc_security_group_ids = %s
+  iam_instance_profile   = %s
+  user_data              = %s
+  tags                   = { "csis:instance" = "node-1" }
+  ebs_volumes = {
+    data = { volume_id = module.node_data.volume_id, device_name = "/dev/xvdf" }
+  }
+}
+""" % (hcl(os.path.join(TFMODULES, "aws_instance")), hcl(subnet), hcl(sgs),
+       hcl(moto_endpoint.instance_profile), hcl(INSTANCE_USER_DATA))
+
+
+def prefixed_outputs(label: str, names: List[str]) -> str:
+    """``output "<label>__<name>"`` for each of the module's outputs ``names``."""
+    return "".join('output "%s__%s" {\n  value = module.%s.%s\n}\n' % (label, n, label, n) for n in names)
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory, tf_env, moto_endpoint):
+    """Every module applied in one root; ``out[label][output]``, plus what the tests need."""
+    ec2, efs = moto_endpoint.client("ec2"), moto_endpoint.client("efs")
+    # what two of the calls start from: an archive snapshot to restore, a file system to adopt
+    src = ec2.create_volume(AvailabilityZone="us-east-2a", Size=12)["VolumeId"]
+    snap = ec2.create_snapshot(VolumeId=src, TagSpecifications=[
+        {"ResourceType": "snapshot", "Tags": [{"Key": "Name", "Value": "tfm-archive"}]}])["SnapshotId"]
+    adopted_fs = efs.create_file_system(CreationToken="tfm-efs-preexisting")["FileSystemId"]
+    subnets = [moto_endpoint.subnet_ids["private-a"], moto_endpoint.subnet_ids["private-b"]]
+    calls = {
+        "data": ("aws_storage_ebs", {
+            "name": "tfm-ebs-data", "size": 20, "subnet_id": moto_endpoint.subnet_ids["private-b"],
+            "tags": {"csis:storage": "data", "Team": "infra"},
+        }, ["volume_id", "volume_arn", "availability_zone"]),
+        "restored": ("aws_storage_ebs", {
+            "name": "tfm-ebs-restored", "size": 12, "availability_zone": "us-east-2a",
+            "snapshot_name": "tfm-archive",
+        }, ["volume_id"]),
+        "shared_efs": ("aws_storage_efs", {
+            "name": "tfm-efs-shared",
+            "transition_to_ia": "AFTER_30_DAYS",
+            "access_points": {
+                "team": {"gid": 3000, "path": "/team", "permissions": "2770"},
+                "ops": {"gid": 3001, "path": "/ops", "permissions": "2750"},
+            },
+            "public_read": True,
+            "vpc_id": moto_endpoint.vpc_id,
+            "mount_target_subnet_ids": subnets,
+            "client_security_group_ids": [moto_endpoint.security_groups["addl"]],
+            "tags": {"csis:storage": "shared"},
+        }, ["file_system_id", "access_point_ids", "public_read_access_point_id", "security_group_id", "mount_target_ids"]),
+        "adopted": ("aws_storage_efs", {
+            "name": "tfm-efs-adopted",
+            "existing_file_system_id": adopted_fs,
+            "access_points": {"team": {"gid": 3000, "path": "/team", "permissions": "2770"}},
+        }, ["file_system_id", "access_point_ids", "public_read_access_point_id"]),
+        "shared_s3": ("aws_storage_s3", {
+            "bucket_name": "tfm-s3-shared",
+            "force_destroy": True,
+            "group_prefixes": ["team", "ops"],
+            "public_read": True,
+            "lifecycle_rules": [
+                {"id": "team-archive", "prefix": "team/", "transition_days": 30,
+                 "storage_class": "STANDARD_IA", "expire_days": 365},
+                {"id": "ops-expire", "prefix": "ops/", "transition_days": 0,
+                 "storage_class": "", "expire_days": 7},
+            ],
+            "tags": {"csis:storage": "shared"},
+        }, ["bucket", "bucket_arn", "group_prefixes"]),
+    }
+    body = "".join(module_block(label, module, inputs) + prefixed_outputs(label, names)
+                   for label, (module, inputs, names) in calls.items())
+    body += _instance_calls(moto_endpoint) + prefixed_outputs(
+        "node", ["instance_id", "private_ip", "ami_id", "desired_ami_id", "availability_zone"]) + prefixed_outputs(
+        "node_data", ["volume_id"])
+    root = make_root(tmp_path_factory.mktemp("tfmodules"), tf_env, moto_endpoint, body)
+    flat = root.apply_and_converge()
+    out: Dict[str, Dict[str, object]] = {}
+    for name, value in flat.items():
+        label, output = name.split("__", 1)
+        out.setdefault(label, {})[output] = value
+    return {"out": out, "root": root, "body": body, "snapshot": snap, "adopted_fs": adopted_fs, "subnets": subnets}
+
+
+# -- EBS ------------------------------------------------------------------------------
+def test_ebs_volume(applied, moto_endpoint):
+    out = applied["out"]["data"]
     assert out["availability_zone"] == "us-east-2b"
     vol = moto_endpoint.client("ec2").describe_volumes(VolumeIds=[out["volume_id"]])["Volumes"][0]
     assert vol["AvailabilityZone"] == "us-east-2b"
@@ -177,40 +274,16 @@ def test_ebs_volume(tmp_path, tf_env, moto_endpoint):
     assert out["volume_arn"].endswith(":volume/" + out["volume_id"])
 
 
-def test_ebs_volume_from_snapshot(tmp_path, tf_env, moto_endpoint):
-    ec2 = moto_endpoint.client("ec2")
-    src = ec2.create_volume(AvailabilityZone="us-east-2a", Size=12)["VolumeId"]
-    snap = ec2.create_snapshot(VolumeId=src, TagSpecifications=[
-        {"ResourceType": "snapshot", "Tags": [{"Key": "Name", "Value": "tfm-archive"}]}])["SnapshotId"]
-    body = module_block("restored", "aws_storage_ebs", {
-        "name": "tfm-ebs-restored", "size": 12, "availability_zone": "us-east-2a",
-        "snapshot_name": "tfm-archive",
-    }) + outputs_block("restored", ["volume_id"])
-    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
-    vol = ec2.describe_volumes(VolumeIds=[out["volume_id"]])["Volumes"][0]
-    assert vol["SnapshotId"] == snap
+def test_ebs_volume_from_snapshot(applied, moto_endpoint):
+    out = applied["out"]["restored"]
+    vol = moto_endpoint.client("ec2").describe_volumes(VolumeIds=[out["volume_id"]])["Volumes"][0]
+    assert vol["SnapshotId"] == applied["snapshot"]
 
 
 # -- EFS ------------------------------------------------------------------------------
-def test_efs_access_points_and_mount_targets(tmp_path, tf_env, moto_endpoint):
-    subnets = [moto_endpoint.subnet_ids["private-a"], moto_endpoint.subnet_ids["private-b"]]
+def test_efs_access_points_and_mount_targets(applied, moto_endpoint):
+    out, subnets = applied["out"]["shared_efs"], applied["subnets"]
     client_sg = moto_endpoint.security_groups["addl"]
-    body = module_block("shared", "aws_storage_efs", {
-        "name": "tfm-efs-shared",
-        "transition_to_ia": "AFTER_30_DAYS",
-        "access_points": {
-            "team": {"gid": 3000, "path": "/team", "permissions": "2770"},
-            "ops": {"gid": 3001, "path": "/ops", "permissions": "2750"},
-        },
-        "public_read": True,
-        "vpc_id": moto_endpoint.vpc_id,
-        "mount_target_subnet_ids": subnets,
-        "client_security_group_ids": [client_sg],
-        "tags": {"csis:storage": "shared"},
-    }) + outputs_block("shared", ["file_system_id", "access_point_ids", "public_read_access_point_id",
-                                  "security_group_id", "mount_target_ids"])
-    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
-
     efs = moto_endpoint.client("efs")
     fs_id = out["file_system_id"]
     fs = efs.describe_file_systems(FileSystemId=fs_id)["FileSystems"][0]
@@ -246,15 +319,9 @@ def test_efs_access_points_and_mount_targets(tmp_path, tf_env, moto_endpoint):
     assert [g["GroupId"] for g in nfs[0]["UserIdGroupPairs"]] == [client_sg]
 
 
-def test_efs_adopt_existing(tmp_path, tf_env, moto_endpoint):
+def test_efs_adopt_existing(applied, moto_endpoint):
+    out, fs_id = applied["out"]["adopted"], applied["adopted_fs"]
     efs = moto_endpoint.client("efs")
-    fs_id = efs.create_file_system(CreationToken="tfm-efs-preexisting")["FileSystemId"]
-    body = module_block("adopted", "aws_storage_efs", {
-        "name": "tfm-efs-adopted",
-        "existing_file_system_id": fs_id,
-        "access_points": {"team": {"gid": 3000, "path": "/team", "permissions": "2770"}},
-    }) + outputs_block("adopted", ["file_system_id", "access_point_ids", "public_read_access_point_id"])
-    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
     assert out["file_system_id"] == fs_id
     assert out.get("public_read_access_point_id") is None  # null outputs are left out of `output -json`
     fss = [f for f in efs.describe_file_systems()["FileSystems"] if f["CreationToken"] == "tfm-efs-adopted"]
@@ -264,23 +331,8 @@ def test_efs_adopt_existing(tmp_path, tf_env, moto_endpoint):
 
 
 # -- S3 -------------------------------------------------------------------------------
-def test_s3_bucket(tmp_path, tf_env, moto_endpoint):
-    bucket = "tfm-s3-shared"
-    body = module_block("shared", "aws_storage_s3", {
-        "bucket_name": bucket,
-        "force_destroy": True,
-        "group_prefixes": ["team", "ops"],
-        "public_read": True,
-        "lifecycle_rules": [
-            {"id": "team-archive", "prefix": "team/", "transition_days": 30,
-             "storage_class": "STANDARD_IA", "expire_days": 365},
-            {"id": "ops-expire", "prefix": "ops/", "transition_days": 0,
-             "storage_class": "", "expire_days": 7},
-        ],
-        "tags": {"csis:storage": "shared"},
-    }) + outputs_block("shared", ["bucket", "bucket_arn", "group_prefixes"])
-    out = make_root(tmp_path, tf_env, moto_endpoint, body).apply_and_converge()
-
+def test_s3_bucket(applied, moto_endpoint):
+    out, bucket = applied["out"]["shared_s3"], "tfm-s3-shared"
     s3 = moto_endpoint.client("s3")
     assert out["bucket"] == bucket
     assert out["bucket_arn"] == "arn:aws:s3:::" + bucket
@@ -309,34 +361,10 @@ def test_s3_bucket(tmp_path, tf_env, moto_endpoint):
 
 
 # -- instance -------------------------------------------------------------------------
-def test_instance_with_volume(tmp_path, tf_env, moto_endpoint):
+def test_instance_with_volume(applied, moto_endpoint):
+    out, root = applied["out"]["node"], applied["root"]
     subnet = moto_endpoint.subnet_ids["private-a"]
     sgs = [moto_endpoint.security_groups["addl"], moto_endpoint.security_groups["ssh_relay"]]
-    user_data = "#!/bin/bash\necho csis > /etc/csis-node\n"
-    body = module_block("data", "aws_storage_ebs", {
-        "name": "tfm-node-data", "size": 10, "subnet_id": subnet,
-    }) + """
-module "node" {
-  source                 = %s
-  name                   = "tfm-node-1"
-  ami_name_pattern       = "imgfile-basic-dask-pckr-ebs-ans-*"
-  instance_type          = "t3.small"
-  subnet_id              = %s
-  vpc_security_group_ids = %s
-  iam_instance_profile   = %s
-  user_data              = %s
-  tags                   = { "csis:instance" = "node-1" }
-  ebs_volumes = {
-    data = { volume_id = module.data.volume_id, device_name = "/dev/xvdf" }
-  }
-}
-""" % (hcl(os.path.join(TFMODULES, "aws_instance")), hcl(subnet), hcl(sgs),
-       hcl(moto_endpoint.instance_profile), hcl(user_data)) + outputs_block(
-        "node", ["instance_id", "private_ip", "ami_id", "desired_ami_id", "availability_zone"]) + outputs_block(
-        "data", ["volume_id"]).replace('output "volume_id"', 'output "data_volume_id"')
-    root = make_root(tmp_path, tf_env, moto_endpoint, body)
-    out = root.apply_and_converge()
-
     newest = moto_endpoint.amis["imgfile-basic-dask-pckr-ebs-ans-20261115"]
     assert out["ami_id"] == newest and out["desired_ami_id"] == newest
     assert out["availability_zone"] == "us-east-2a"
@@ -354,13 +382,16 @@ module "node" {
     assert tags_of(inst["Tags"]) == {"Name": "tfm-node-1", "csis:instance": "node-1"}
     attrs = ec2.describe_instance_attribute(InstanceId=out["instance_id"], Attribute="userData")
     import base64
-    assert base64.b64decode(attrs["UserData"]["Value"]).decode() == user_data
-    vol = ec2.describe_volumes(VolumeIds=[out["data_volume_id"]])["Volumes"][0]
+    assert base64.b64decode(attrs["UserData"]["Value"]).decode() == INSTANCE_USER_DATA
+    vol = ec2.describe_volumes(VolumeIds=[applied["out"]["node_data"]["volume_id"]])["Volumes"][0]
     assert [(a["InstanceId"], a["Device"]) for a in vol["Attachments"]] == [(out["instance_id"], "/dev/xvdf")]
 
     # user_data and ami are ignored after creation: a change plans nothing
-    root.write("main.tf", body.replace(hcl(user_data), hcl(user_data + "# v2\n")))
-    root.assert_no_changes()
+    root.write("main.tf", applied["body"].replace(hcl(INSTANCE_USER_DATA), hcl(INSTANCE_USER_DATA + "# v2\n")))
+    try:
+        root.assert_no_changes()
+    finally:
+        root.write("main.tf", applied["body"])
 
 
 # -- S3 backend with lock file, and remote state between roots -------------------------
