@@ -111,36 +111,36 @@ SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
 
 
 # -- order: the heaviest end-to-end files first ------------------------------------------
-# scripts/test runs `pytest -n 2 --dist loadfile`: xdist hands out whole files, a new one
+# scripts/test runs `pytest -n 4 --dist loadfile`: xdist hands out whole files, a new one
 # to a worker when at most 2 of its tests are left. Left alone it sorts the files by
 # their number of tests (--loadscope-reorder, on by default), which puts the many-test
 # unit files first and the few-test, minutes-long end-to-end files last: one worker is
 # still in test_lifecycle_e2e.py long after the other ran out of work. Heaviest first
 # (longest-processing-time first) lets the short files fill the workers at the end.
 #
-# Estimated from what each file runs (playbook runs over the example tree, terraform
-# applies; every S3 lifecycle configuration costs the provider's 55 s wait), heaviest
-# first. Files not listed follow, most tests first (xdist's own default order). Refine
-# with `pytest --durations=0 <file>` when a file's weight changes.
+# The order below is the files' worker seconds in a full run (the table pytest prints at the
+# end, "slowest test files"), heaviest first. Files not listed follow, most tests first
+# (xdist's own default order). Refine it from that table when a file's weight changes.
 HEAVIEST_FIRST = (
+    # a full run with four workers, 2026-12-02
     "tests/integration/test_day2_instances.py",
     "tests/integration/test_lifecycle_ebs_e2e.py",
-    "tests/integration/test_lifecycle_e2e.py",
-    "tests/integration/test_day2_ephemeral.py",
-    "tests/integration/test_tfmodules_moto.py",
-    "tests/integration/test_day2_storage.py",
-    "tests/integration/test_state_query.py",
     "tests/faults/test_kill_at_every_step.py",
+    "tests/integration/test_day2_ephemeral.py",
     "tests/integration/test_interrupted_and_vanished.py",
-    "tests/integration/test_two_checkouts_e2e.py",
+    "tests/integration/test_lifecycle_e2e.py",
+    "tests/integration/test_day2_storage.py",
     "tests/integration/test_destroy_environment.py",
-    "tests/integration/test_awx_runner.py",
     "tests/integration/test_molecule.py",
-    "tests/integration/test_manual_gaps_moto.py",
+    "tests/integration/test_two_checkouts_e2e.py",
+    "tests/integration/test_state_query.py",
+    "tests/faults/test_endpoint_down_mid_apply.py",
     "tests/integration/test_meta_state_damage.py",
+    "tests/integration/test_manual_gaps_moto.py",
+    "tests/integration/test_tfmodules_moto.py",
+    "tests/integration/test_awx_runner.py",
     "tests/integration/test_collection_artifact.py",
     "tests/integration/test_workspace_e2e.py",
-    "tests/faults/test_endpoint_down_mid_apply.py",
     "tests/integration/test_gate_real_plan.py",
     "tests/integration/test_render_roots.py",
     "tests/integration/test_validate_playbook.py",
