@@ -304,11 +304,15 @@ def _write_stamp(plan_dir: str, key: str, init: Optional[str]) -> None:
         fh.write(json.dumps({"key": key, "init": init} if init else {"key": key}) + "\n")
 
 
-def _failed(plan_dir: str, r: Mapping[str, Any]) -> EmitError:
+def _drop_stamp(plan_dir: str) -> None:
     try:
         os.unlink(os.path.join(plan_dir, STAMP))
     except OSError:
         pass
+
+
+def _failed(plan_dir: str, r: Mapping[str, Any]) -> EmitError:
+    _drop_stamp(plan_dir)
     return EmitError("%s: '%s' failed (rc %d): %s"
                      % (plan_dir, r["cmd"], r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]))
 
@@ -368,6 +372,8 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
             done.append({"cmd": INIT_UNCHANGED, "rc": 0, "stdout": "", "stderr": ""})
             continue
         if args[0] == "init":
+            # a run killed during this init leaves no stamp whose init key would skip the next
+            _drop_stamp(plan_dir)
             # a run killed during an earlier init may have cut the backend settings short
             drop_torn_backend_settings(plan_dir)
             # the first init of a batch may fill the shared plugin cache: alone; the others
