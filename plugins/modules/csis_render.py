@@ -22,7 +22,8 @@ description:
     and C(validate); the roots to validate are validated in one C(validate) run per binary (a
     temporary root outside the tree calls each of them as a module, so the provider's schema loads
     once), and each alone when that run fails, for its own message. A root unchanged since its last
-    successful fmt/init/validate is not prepared again. Every terraform process gets C(GOGC=400) and
+    successful fmt/init/validate is not prepared again; one whose files changed only where C(init) does
+    not read (a module call's argument, a launch script) is not initialised again. Every terraform process gets C(GOGC=400) and
     C(GOMEMLIMIT=1GiB) unless the environment sets either (less CPU for a little more memory; see
     docs/terraform.md). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
     it does not validate, because its plan validates the same configuration seconds later
@@ -231,6 +232,8 @@ roots:
     commands:
       description:
         - The terraform commands run to prepare the root (C(fmt), C(init), and C(validate) in a dry run).
+        - C((unchanged since the last successful fmt/init/validate)) for a root prepared before with the same files, and
+          C((init: what it reads is unchanged since the last successful init)) in place of an C(init) that was not needed.
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str

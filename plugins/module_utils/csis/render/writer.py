@@ -356,12 +356,12 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
     validates such roots together, then stamps them).
     """
     key = prepare_key(plan_dir, binary, dry_run)
-    ikey = init_key(plan_dir, binary, dry_run, backend_file)
     stamp = {} if force else _read_stamp(plan_dir)
     if stamp.get("key") == key:
         if cache_filled is not None and fills_cache:
             cache_filled.set()
         return [{"cmd": UNCHANGED, "rc": 0, "stdout": "", "stderr": ""}]
+    ikey = init_key(plan_dir, binary, dry_run, backend_file)
     # the files changed, not what init reads (a module argument, a launch script): no init
     init_done = stamp.get("init") == ikey
     done = []
