@@ -1,0 +1,34 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What the controller does before it forks a task's worker (plugins/plugin_utils/controller.py,
+module_utils/csis/aws.py ``preload``): defining an action plugin's class imports its module, and
+a plugin that names AWS services leaves boto3's models in the process's one data loader, which
+every later client uses. No endpoint is reached: building a client makes no call."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import aws
+
+MODULES = "ansible_collections.csis.infra.plugins.modules."
+
+
+def test_defining_the_action_class_imports_its_module() -> None:
+    sys.modules.pop(MODULES + "csis_gate_plan", None)
+    importlib.reload(importlib.import_module("ansible_collections.csis.infra.plugins.action.csis_gate_plan"))
+    assert MODULES + "csis_gate_plan" in sys.modules
+
+
+def test_clients_share_one_loader_with_the_preloaded_models() -> None:
+    importlib.import_module("ansible_collections.csis.infra.plugins.action.csis_storage_check")  # preloads ec2, efs, s3
+    loader = aws._LOADER["loader"]  # pylint: disable=protected-access
+    paths = list(loader.search_paths)
+    for _ in range(3):
+        ec2 = aws.client("ec2", {"region": "us-east-2", "endpoints": {"ec2": "http://127.0.0.1:9"}})
+    s3 = aws.client("s3", {"region": "us-east-2"})
+    # the clients' sessions read their models from the loader the controller filled
+    assert ec2._loader is loader and s3._loader is loader  # pylint: disable=protected-access
+    assert loader.search_paths == paths  # boto3's own data directory is not appended per client
+    assert ec2.meta.endpoint_url == "http://127.0.0.1:9" and ec2.meta.region_name == "us-east-2"
