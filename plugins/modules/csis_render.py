@@ -232,8 +232,8 @@ roots:
     commands:
       description:
         - The terraform commands run to prepare the root (C(fmt), C(init), and C(validate) in a dry run).
-        - C((unchanged since the last successful fmt/init/validate)) for a root prepared before with the same files, and
-          C((init: what it reads is unchanged since the last successful init)) in place of an C(init) that was not needed.
+        - "C((unchanged since the last successful fmt/init/validate)) for a root prepared before with the same files, and
+          C((init: what it reads is unchanged since the last successful init)) in place of an C(init) that was not needed."
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str

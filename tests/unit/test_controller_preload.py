@@ -25,7 +25,7 @@ def test_clients_share_one_loader_with_the_preloaded_models() -> None:
     importlib.import_module("ansible_collections.csis.infra.plugins.action.csis_storage_check")  # preloads ec2, efs, s3
     loader = aws._LOADER["loader"]  # pylint: disable=protected-access
     paths = list(loader.search_paths)
-    for _ in range(3):
+    for _attempt in range(3):
         ec2 = aws.client("ec2", {"region": "us-east-2", "endpoints": {"ec2": "http://127.0.0.1:9"}})
     s3 = aws.client("s3", {"region": "us-east-2"})
     # the clients' sessions read their models from the loader the controller filled
