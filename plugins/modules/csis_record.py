@@ -10,8 +10,12 @@ module: csis_record
 short_description: Record in meta-state what an apply of one csis.infra root really did
 version_added: 0.1.0
 description:
-  - Reads the root's terraform state (C(state pull)) and records what it holds, never what the
-    configuration requested. Storage roots update C(meta-state/storage-state.yaml) (state, generation,
+  - Reads the root's terraform state and records what it holds, never what the
+    configuration requested. The state is read where the root's backend keeps it (the S3 object
+    with boto3, or the local state file) when the backend is one csis.infra renders; any other
+    backend, a backend setting only terraform honours (static keys, an assumed role,
+    C(sse_customer_key), a DynamoDB lock table, ...) or a state that is not plain version-4 JSON is
+    read with C(terraform state pull) (docs/terraform.md, "The state without terraform"). Storage roots update C(meta-state/storage-state.yaml) (state, generation,
     facts such as volume and filesystem ids, history) and the read-model C(meta-state/storage.yaml).
     Instance roots update C(launch-params.yaml) (the C(launched) marker and the launch parameters),
     C(instance-state.yaml) (generations, instance id, private address, booted AMI) and C(pins.yaml)

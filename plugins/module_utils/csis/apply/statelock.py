@@ -27,6 +27,7 @@ import socket
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import aws, terraform
+from ..tfstate import backend_of, s3_state_key
 from ..errors import CsisError
 from .errored import check_errored_state
 
@@ -49,35 +50,12 @@ def local_who() -> str:
     return "%s@%s" % (user, socket.gethostname())
 
 
-def backend_of(root: str, data_dir: Optional[str] = None) -> Optional[Dict[str, Any]]:
-    """``{type, config, workspace}`` of an initialised root, or None before ``init``."""
-    data = os.path.join(root, data_dir or ".terraform")
-    path = os.path.join(data, "terraform.tfstate")
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    backend = doc.get("backend") or {}
-    ws = "default"
-    try:
-        with open(os.path.join(data, "environment"), "r", encoding="utf-8") as fh:
-            ws = fh.read().strip() or "default"
-    except OSError:
-        pass
-    return {"type": backend.get("type"), "config": backend.get("config") or {}, "workspace": ws}
-
-
 def lock_key(backend: Mapping[str, Any]) -> Optional[Tuple[str, str]]:
     """(bucket, key of the lock object) for an S3 backend with ``use_lockfile``, else None."""
     cfg = backend.get("config") or {}
     if backend.get("type") != "s3" or not cfg.get("use_lockfile"):
         return None
-    key = cfg["key"]
-    ws = backend.get("workspace") or "default"
-    if ws != "default":
-        key = "%s/%s/%s" % (cfg.get("workspace_key_prefix") or "env:", ws, key)
-    return cfg["bucket"], key + ".tflock"
+    return cfg["bucket"], s3_state_key(cfg, backend.get("workspace") or "default") + ".tflock"
 
 
 def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:

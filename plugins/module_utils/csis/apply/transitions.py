@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from .. import aws
 from ..errors import CsisError
 from ..state.record import resources, under
-from ..terraform import state_pull
+from .. import tfstate
 
 
 class TransitionError(CsisError):
@@ -26,7 +26,7 @@ class TransitionError(CsisError):
 
 def _volume_id(root: Mapping[str, Any], storage: str, state: Optional[Mapping[str, Any]] = None) -> Optional[str]:
     info = (root.get("storages") or {}).get(storage) or {}
-    st = state if state is not None else state_pull(root["directory"], root.get("binary_path") or "terraform")
+    st = state if state is not None else tfstate.read(root["directory"], root.get("binary_path") or "terraform")
     for r in under(resources(st), info.get("address", "module.storage_%s" % storage)):
         if r["type"] == "aws_ebs_volume":
             return r["attributes"].get("id")

@@ -31,7 +31,7 @@ import os
 import re
 from typing import Any, Dict, Optional
 
-from .. import terraform
+from .. import terraform, tfstate
 from ..apply.statelock import check_and_release
 from ..aws import ClientFactory, Endpoint, tree_access
 from ..clock import now
@@ -192,7 +192,7 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     ex = tree.executables.get(builder.executable or "")
     binary = ex.binary if ex else "terraform"
     try:
-        state = terraform.state_pull(directory, binary)
+        state = tfstate.read(directory, binary)
     except terraform.TerraformError as exc:
         raise StateOpError("storage '%s': cannot read the terraform state of %s: %s" % (name, directory, exc)) from exc
     held = [i.get("attributes", {}).get("id") for r in state.get("resources") or []

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ..clock import now
 from ..errors import CsisError
-from ..terraform import state_pull
+from .. import tfstate
 from .store import MetaState, MetaStateError
 
 HISTORY_MAX = 50
@@ -348,7 +348,7 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
     ``context`` (lifecycle, root, plan digest...) goes into the transaction's audit record."""
     ms = MetaState(config_root)
     if state is None:
-        state = state_pull(root["directory"], root.get("binary") or "terraform")
+        state = tfstate.read(root["directory"], root.get("binary") or "terraform")
     try:
         if root["lifecycle"] == "storage":
             got = record_storage_root(ms, root, state, run, done_transitions, context)
