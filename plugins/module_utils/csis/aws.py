@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set
 
 from .errors import CsisError, MissingDependency
 
@@ -114,6 +114,8 @@ def client_settings(access: Optional[Mapping[str, Any]] = None,
 #: the process's one botocore data loader: the service models (megabytes of JSON) are read once
 #: per process, not once per client
 _LOADER: Dict[str, Any] = {}
+#: the services :func:`preload` has read in this process
+_PRELOADED: Set[str] = set()
 
 
 def _botocore_session() -> Any:
@@ -132,10 +134,14 @@ def preload(services: Sequence[str]) -> None:
     For a process that forks workers which will build such clients (Ansible's controller, before
     it forks a task's worker: plugins/plugin_utils/controller.py): each worker then inherits
     the import and the models instead of paying them (about 0.3 s of CPU per task). Builds
-    clients with placeholder keys and reaches no endpoint. Does nothing without boto3."""
+    clients with placeholder keys and reaches no endpoint, once per service and process (the
+    action plugins of several modules name the same services). Does nothing without boto3."""
     if not HAS_BOTO3:
         return
     for service in services:
+        if service in _PRELOADED:
+            continue
+        _PRELOADED.add(service)
         client(service, {"region": "us-east-1", "credentials": {"aws_access_key_id": "preload", "aws_secret_access_key": "preload"}})
 
 
