@@ -60,6 +60,14 @@ def tree(moto_endpoint, tmp_path_factory):
     parent = str(tmp_path_factory.mktemp("interrupted"))
     key = "int-%s" % uuid.uuid4().hex[:8]
     root = e2e.make_ebs_tree(parent, key)
+    # its own tree id, so its resources carry their own csis_config tag: the other files on the
+    # shared endpoint declare storages named p1 and p2 too (tests/faults/test_kill_at_every_step.py)
+    cfg = os.path.join(root, "cfg", "_config.yml")
+    with open(cfg, encoding="utf-8") as fh:
+        text = fh.read()
+    assert "\nid: csis-example\n" in text
+    with open(cfg, "w", encoding="utf-8") as fh:
+        fh.write(text.replace("\nid: csis-example\n", "\nid: %s\n" % key))
     run = e2e.run_playbook("storage.yml", root, moto_endpoint.env, overlays=overlays(moto_endpoint),
                            log=os.path.join(parent, "first.log"))
     assert run.rc == 0, run.tail()
@@ -115,7 +123,7 @@ def test_an_apply_past_its_timeout_stops_gracefully_and_the_rerun_converges(tree
     doc["storages"].append({"name": "p2", "mount_point": "/mnt/p2", "groups": ["coops"], "state": "active"})
     e2e.write_yaml(storages, doc)
     before = e2e.meta_state_digest(tree.root)
-    named_p2 = _volumes_named(ep, "p2")
+    named_p2 = _volumes_named(ep, tree, "p2")
     run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("timeout.log"),
                            extra_vars={"csis_apply_timeout": 1, "csis_progress_interval": 1})
     assert run.rc != 0
@@ -132,33 +140,34 @@ def test_an_apply_past_its_timeout_stops_gracefully_and_the_rerun_converges(tree
     assert rerun.rc == 0, rerun.tail()
     vid = records(tree.root)["p2"]["facts"]["volume_id"]
     assert volumes_of(ep, vid)
-    assert _volumes_named(ep, "p2") - named_p2 == {vid}, "the interrupted create left an orphan"
+    assert _volumes_named(ep, tree, "p2") - named_p2 == {vid}, "the interrupted create left an orphan"
 
 
-def _volumes_named(ep, name):
-    vols = ep.client("ec2").describe_volumes(Filters=[{"Name": "tag:Name", "Values": [name]}])["Volumes"]
+def _volumes_named(ep, tree, name):
+    """This tree's volumes of storage ``name`` (its Name and the tree's csis_config tag): the other
+    test files share the endpoint and create volumes of their own, some of the same names."""
+    vols = ep.client("ec2").describe_volumes(Filters=[{"Name": "tag:Name", "Values": [name]},
+                                                      {"Name": "tag:csis_config", "Values": [tree.key]}])["Volumes"]
     return {v["VolumeId"] for v in vols}
 
 
-def all_volume_ids(ep):
-    """The volumes of this test's storage p1 (Name=p1). Not every volume at the endpoint: the
-    other test files share it and create volumes of their own at any moment."""
-    vols = ep.client("ec2").describe_volumes(Filters=[{"Name": "tag:Name", "Values": ["p1"]}])["Volumes"]
-    return {v["VolumeId"] for v in vols}
+def all_volume_ids(ep, tree):
+    """The volumes of this tree's storage p1."""
+    return _volumes_named(ep, tree, "p1")
 
 
 def test_vanished_volume_is_not_recreated_empty(tree, moto_endpoint):
     ep = moto_endpoint
     gone = records(tree.root)["p1"]["facts"]["volume_id"]
     ep.client("ec2").delete_volume(VolumeId=gone)             # out of band; no state query afterwards
-    before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep)
+    before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep, tree)
     run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("vanished.log"))
     assert run.rc != 0
     line = "missing  storage  p1: recorded active but not found in reality (volume %s) [HARD]" % gone
     assert line in run.out, run.tail()
     assert "playbooks/forget.yml -e forget_storage=p1 -e force=true" in run.out
     assert "Plan to a plan file" not in run.out
-    assert all_volume_ids(ep) == vols                         # nothing created
+    assert all_volume_ids(ep, tree) == vols                         # nothing created
     assert e2e.meta_state_digest(tree.root) == before         # nothing recorded
 
     # the operator says "gone for good": forget, then the next run creates and records a new volume
@@ -184,10 +193,10 @@ def test_gate_refuses_to_create_a_recorded_storage(tree, moto_endpoint):
     address = "module.storage_p1.aws_ebs_volume.this"
     subprocess.run(["terraform", "state", "rm", address], cwd=tree.root_dir, check=True, capture_output=True,
                    env=terraform_env(e2e.run_env(ep.env)))
-    before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep)
+    before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep, tree)
     run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("state-lost.log"))
     assert run.rc != 0
     assert "RECORDED STORAGE WOULD BE CREATED: %s" % address in run.out, run.tail()
     assert "Apply exactly that plan file" not in run.out
-    assert all_volume_ids(ep) == vols
+    assert all_volume_ids(ep, tree) == vols
     assert e2e.meta_state_digest(tree.root) == before

@@ -121,11 +121,19 @@ def gone(chain):
     return None
 
 
+def _libc():
+    """glibc by its soname; only elsewhere ``find_library``, which runs ``ldconfig -p`` (a process
+    per terraform start)."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
 def _pdeathsig():
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
-    except (OSError, AttributeError):
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+    except (OSError, AttributeError, TypeError):
         pass  # not Linux: the watch loop still stops terraform
 
 
