@@ -15,8 +15,9 @@ description:
     with boto3, or the local state file) when the backend is one csis.infra renders; any other
     backend, a backend setting only terraform honours (static keys, an assumed role,
     C(sse_customer_key), a DynamoDB lock table, ...) or a state that is not plain version-4 JSON is
-    read with C(terraform state pull) (docs/terraform.md, "The state without terraform"). Storage roots update C(meta-state/storage-state.yaml) (state, generation,
-    facts such as volume and filesystem ids, history) and the read-model C(meta-state/storage.yaml).
+    read with C(terraform state pull) (docs/terraform.md, "The state without terraform").
+    Storage roots update C(meta-state/storage-state.yaml) (state, generation, facts such as volume
+    and filesystem ids, history) and the read-model C(meta-state/storage.yaml).
     Instance roots update C(launch-params.yaml) (the C(launched) marker and the launch parameters),
     C(instance-state.yaml) (generations, instance id, private address, booted AMI) and C(pins.yaml)
     (first binds, moves after a replacement, forgets after a decommission or an ephemeral teardown).

@@ -38,8 +38,8 @@ def held(state):
 def tf(root, env, *args):
     proc = subprocess.run(["terraform", *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
-    assert proc.returncode == 0, "terraform %s -> %d\n%s\n%s" % (" ".join(args), proc.returncode,
-                                                                proc.stdout[-4000:], proc.stderr[-4000:])
+    assert proc.returncode == 0, "terraform %s -> %d\n%s\n%s" % (
+        " ".join(args), proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])
     return proc
 
 
