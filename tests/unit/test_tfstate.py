@@ -84,3 +84,13 @@ def test_not_initialised_or_other_backends(tmp_path):
     (tmp_path / "bad" / ".terraform").mkdir(parents=True)
     (tmp_path / "bad" / ".terraform" / "terraform.tfstate").write_text("{")
     assert tfstate.backend_of(str(tmp_path / "bad")) is None
+
+
+def test_the_backend_is_reached_with_its_own_region_profile_and_endpoint(monkeypatch):
+    from ansible_collections.csis.infra.plugins.module_utils.csis import aws
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    access = aws.backend_access(dict(S3, profile="state-reader", use_path_style=True))
+    assert access == {"region": "us-east-2", "profile": "state-reader", "endpoints": {"s3": "http://127.0.0.1:1"},
+                      "s3_use_path_style": True}
+    assert aws.backend_access({"region": "eu-west-1"})["profile"] is None

@@ -205,10 +205,11 @@ def tree_access(tree: Any, runtime: str) -> Dict[str, Any]:
 
 
 def backend_access(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """How boto3 reaches an initialised S3 backend (its ``config`` from ``.terraform/terraform.tfstate``)."""
+    """How boto3 reaches an initialised S3 backend (its ``config`` from ``.terraform/terraform.tfstate``):
+    its region, profile and S3 endpoint, as terraform's S3 backend does."""
     endpoints = config.get("endpoints") or {}
     url = endpoints.get("s3") or config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
-    return {"region": config.get("region"), "endpoints": {"s3": url} if url else {},
+    return {"region": config.get("region"), "profile": config.get("profile") or None, "endpoints": {"s3": url} if url else {},
             "s3_use_path_style": bool(config.get("use_path_style") or config.get("force_path_style"))}
 
 

@@ -64,12 +64,10 @@ def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     if where is None:
         return None
     bucket, key = where
-    client = aws.client("s3", aws.backend_access(backend["config"]))
     try:
+        client = aws.client("s3", aws.backend_access(backend["config"]))
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except client.exceptions.NoSuchKey:
-        return None
-    except Exception as exc:  # botocore ClientError 404 on some endpoints
+    except Exception as exc:  # NoSuchKey, or a botocore ClientError 404 on some endpoints; a missing profile
         if aws.error_code(exc) in ("404", "NoSuchKey", "NotFound"):
             return None
         raise StateLockError("cannot read the state lock s3://%s/%s: %s" % (bucket, key, exc))
