@@ -54,11 +54,7 @@ def overlays(ep):
 def tree(moto_endpoint, tmp_path_factory):
     parent = str(tmp_path_factory.mktemp("faults"))
     key = "faults-%s" % uuid.uuid4().hex[:8]
-    root = e2e.make_ebs_tree(parent, key)
-    cfg = os.path.join(root, "cfg", "_config.yml")
-    text = open(cfg, encoding="utf-8").read()
-    assert "\nid: csis-example\n" in text
-    open(cfg, "w", encoding="utf-8").write(text.replace("\nid: csis-example\n", "\nid: %s\n" % key))
+    root = e2e.make_ebs_tree(parent, key, tree_id=key)
     return SimpleNamespace(root=root, key=key, tag=key, root_dir=os.path.realpath(os.path.join(root, EBS_ROOT)),
                            log=lambda n: os.path.join(parent, n))
 

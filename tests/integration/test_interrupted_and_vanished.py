@@ -59,15 +59,9 @@ def lock_objects(ep, key):
 def tree(moto_endpoint, tmp_path_factory):
     parent = str(tmp_path_factory.mktemp("interrupted"))
     key = "int-%s" % uuid.uuid4().hex[:8]
-    root = e2e.make_ebs_tree(parent, key)
     # its own tree id, so its resources carry their own csis_config tag: the other files on the
     # shared endpoint declare storages named p1 and p2 too (tests/faults/test_kill_at_every_step.py)
-    cfg = os.path.join(root, "cfg", "_config.yml")
-    with open(cfg, encoding="utf-8") as fh:
-        text = fh.read()
-    assert "\nid: csis-example\n" in text
-    with open(cfg, "w", encoding="utf-8") as fh:
-        fh.write(text.replace("\nid: csis-example\n", "\nid: %s\n" % key))
+    root = e2e.make_ebs_tree(parent, key, tree_id=key)
     run = e2e.run_playbook("storage.yml", root, moto_endpoint.env, overlays=overlays(moto_endpoint),
                            log=os.path.join(parent, "first.log"))
     assert run.rc == 0, run.tail()

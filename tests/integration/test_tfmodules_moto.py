@@ -20,6 +20,8 @@ import pytest
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import ENDPOINT_ENV_NAMES
 
+import e2e
+
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,28 +53,6 @@ def endpoint_env(url: str) -> Dict[str, str]:
     """``AWS_ENDPOINT_URL_<SERVICE>`` for every service the modules use: what csis.infra hands
     terraform in place of an endpoints block (render/plan.py ENDPOINT_ENV_NAMES)."""
     return {name: url for name in ENDPOINT_ENV_NAMES.values()}
-
-
-def s3_backend_block(url: str, bucket: str, key: str, region: str = "us-east-2") -> str:
-    return """terraform {
-  backend "s3" {
-    bucket                      = %s
-    key                         = %s
-    region                      = %s
-    use_lockfile                = true
-    use_path_style              = true
-    skip_credentials_validation = true
-    skip_requesting_account_id  = true
-    skip_metadata_api_check     = true
-    skip_region_validation      = true
-    skip_s3_checksum            = true
-    endpoints = {
-      s3  = %s
-      sts = %s
-    }
-  }
-}
-""" % (hcl(bucket), hcl(key), hcl(region), hcl(url), hcl(url))
 
 
 def module_block(label: str, module: str, inputs: Dict[str, object]) -> str:
@@ -401,7 +381,7 @@ def test_s3_backend_and_remote_state(tmp_path, tf_env, moto_endpoint):
     identity = make_root(tmp_path / "identity", tf_env, moto_endpoint,
                          module_block("identity", "identity_groups", {"groups": {"team": 3000, "ops": 3001}})
                          + outputs_block("identity", ["group_gids"]),
-                         backend=s3_backend_block(url, bucket, key))
+                         backend=e2e.s3_backend_block(url, bucket, key))
     out = identity.apply_and_converge()
     assert out["group_gids"] == {"team": 3000, "ops": 3001}
 

@@ -17,6 +17,8 @@ import pytest
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import terraform, tfstate
 
+import e2e
+
 pytestmark = pytest.mark.integration
 
 DATA = """
@@ -43,10 +45,11 @@ def tf(root, env, *args):
     return proc
 
 
-def make_root(path, backend: str, name: str) -> str:
+def make_root(path, terraform_block: str, name: str) -> str:
+    """A root (``main.tf`` written again when it exists) holding one ``terraform_data`` named ``name``."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "main.tf"), "w", encoding="utf-8") as fh:
-        fh.write("terraform {\n%s}\n" % backend + DATA % json.dumps(name))
+        fh.write(terraform_block + DATA % json.dumps(name))
     return str(path)
 
 
@@ -61,27 +64,10 @@ def env(tf_env, moto_endpoint, monkeypatch):
     return tf_env
 
 
-def s3_backend(url: str, bucket: str, key: str, extra: str = "") -> str:
-    return """  backend "s3" {
-    bucket                      = "%s"
-    key                         = "%s"
-    region                      = "us-east-2"
-    use_lockfile                = true
-    use_path_style              = true
-    skip_credentials_validation = true
-    skip_requesting_account_id  = true
-    skip_metadata_api_check     = true
-    skip_region_validation      = true
-    endpoints = {
-      s3 = "%s"
-    }
-%s  }
-""" % (bucket, key, url, extra)
-
-
 def test_s3_backend_read_directly_equals_state_pull(tmp_path, env, moto_endpoint):
     key = "tfstate-direct/%s/aws_ebs.tfstate" % uuid.uuid4().hex[:8]
-    root = make_root(tmp_path / "s3", s3_backend(moto_endpoint.url, moto_endpoint.state_bucket, key), "mnt_data")
+    backend = e2e.s3_backend_block(moto_endpoint.url, moto_endpoint.state_bucket, key)
+    root = make_root(tmp_path / "s3", backend, "mnt_data")
     tf(root, env, "init", "-input=false", "-no-color")
     # before the first apply: no state object yet; state pull prints an empty state
     assert tfstate.read_direct(root) == {"resources": [], "outputs": {}} == held(terraform.state_pull(root))
@@ -90,12 +76,12 @@ def test_s3_backend_read_directly_equals_state_pull(tmp_path, env, moto_endpoint
     assert direct is not None and direct["outputs"]["volume"]["value"] == {"name": "mnt_data", "size": 110}
     assert direct == terraform.state_pull(root)
     assert tfstate.read(root) == direct
+    # read without terraform: a binary that does not exist is never started
+    assert tfstate.read(root, binary=str(tmp_path / "no-such-terraform")) == direct
 
     # another workspace: <workspace_key_prefix>/<workspace>/<key>, and the default one untouched
     tf(root, env, "workspace", "new", "-no-color", "blue")
-    with open(os.path.join(root, "main.tf"), "w", encoding="utf-8") as fh:
-        fh.write("terraform {\n%s}\n" % s3_backend(moto_endpoint.url, moto_endpoint.state_bucket, key)
-                 + DATA % json.dumps("blue_data"))
+    make_root(root, backend, "blue_data")
     tf(root, env, "apply", "-auto-approve", "-input=false", "-no-color")
     blue = tfstate.read_direct(root)
     assert blue["outputs"]["volume"]["value"]["name"] == "blue_data"
@@ -107,7 +93,8 @@ def test_s3_backend_read_directly_equals_state_pull(tmp_path, env, moto_endpoint
 
 
 def test_local_backend_read_directly_equals_state_pull(tmp_path, env):
-    root = make_root(tmp_path / "local", '  backend "local" {\n    path = "../state/ebs.tfstate"\n  }\n', "scratch")
+    root = make_root(tmp_path / "local", 'terraform {\n  backend "local" {\n    path = "../state/ebs.tfstate"\n  }\n}\n',
+                     "scratch")
     tf(root, env, "init", "-input=false", "-no-color")
     assert tfstate.read_direct(root) == {"resources": [], "outputs": {}}
     tf(root, env, "apply", "-auto-approve", "-input=false", "-no-color")
@@ -120,12 +107,13 @@ def test_local_backend_read_directly_equals_state_pull(tmp_path, env):
 def test_settings_only_terraform_honours_are_read_by_terraform(tmp_path, env, moto_endpoint, monkeypatch):
     key = "tfstate-direct/%s/aws_ebs.tfstate" % uuid.uuid4().hex[:8]
     # a DynamoDB lock table (its digest check) and a customer-provided encryption key: terraform reads
-    root = make_root(tmp_path / "ssec", s3_backend(moto_endpoint.url, moto_endpoint.state_bucket, key,
-                                                   '    dynamodb_table = "locks"\n'), "mnt_data")
+    root = make_root(tmp_path / "ssec", e2e.s3_backend_block(moto_endpoint.url, moto_endpoint.state_bucket, key,
+                                                             extra='dynamodb_table = "locks"'), "mnt_data")
     tf(root, env, "init", "-input=false", "-no-color")
     assert tfstate.backend_of(root)["config"]["dynamodb_table"] == "locks"
     assert tfstate.read_direct(root) is None
-    plain = make_root(tmp_path / "plain", s3_backend(moto_endpoint.url, moto_endpoint.state_bucket, key), "mnt_data")
+    plain = make_root(tmp_path / "plain", e2e.s3_backend_block(moto_endpoint.url, moto_endpoint.state_bucket, key),
+                      "mnt_data")
     tf(plain, env, "init", "-input=false", "-no-color")
     assert tfstate.read_direct(plain) == {"resources": [], "outputs": {}}
     monkeypatch.setenv("AWS_SSE_CUSTOMER_KEY", "c2VjcmV0")

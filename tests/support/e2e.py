@@ -63,13 +63,23 @@ def copy_example_tree(parent: str, name: str = "examples") -> str:
     return dst
 
 
-def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int = 100) -> str:
+def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int = 100,
+                  tree_id: Optional[str] = None) -> str:
     """The example tree with only the EBS storage ``mnt_data`` (no instance, no EFS, no S3).
 
     ``state_key`` replaces the S3 backend's key prefix (``statefiles/<state_key>``) so the
-    tree's roots never share state with another tree on the same endpoint.
+    tree's roots never share state with another tree on the same endpoint. ``tree_id`` replaces
+    the tree's ``id`` (``csis-example``), so its resources carry a ``csis_config`` tag of their
+    own: a test that counts volumes by name or scans for foreign resources sees only its tree's.
     """
     root = copy_example_tree(parent, name)
+    if tree_id is not None:
+        cfg = os.path.join(root, "cfg", "_config.yml")
+        with open(cfg, encoding="utf-8") as fh:
+            text = fh.read()
+        assert "\nid: csis-example\n" in text
+        with open(cfg, "w", encoding="utf-8") as fh:
+            fh.write(text.replace("\nid: csis-example\n", "\nid: %s\n" % tree_id))
     write_yaml(os.path.join(root, "storages", "storage0.yaml"), {"storages": [
         {"name": "mnt_data", "mount_point": "/mnt/data", "is_default": True, "groups": ["coops"],
          "state": "active"},
@@ -84,6 +94,31 @@ def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int
     text = re.sub(r"(\n    size: )100\n", r"\g<1>%d\n" % size, text)
     open(builders, "w", encoding="utf-8").write(text)
     return root
+
+
+def s3_backend_block(url: str, bucket: str, key: str, region: str = "us-east-2", extra: str = "") -> str:
+    """A ``terraform`` block with an S3 backend (lock file) on the moto server at ``url``;
+    ``extra``: more backend settings, one per line."""
+    return """terraform {
+  backend "s3" {
+    bucket                      = %s
+    key                         = %s
+    region                      = %s
+    use_lockfile                = true
+    use_path_style              = true
+    skip_credentials_validation = true
+    skip_requesting_account_id  = true
+    skip_metadata_api_check     = true
+    skip_region_validation      = true
+    skip_s3_checksum            = true
+    endpoints = {
+      s3  = %s
+      sts = %s
+    }
+%s  }
+}
+""" % (json.dumps(bucket), json.dumps(key), json.dumps(region), json.dumps(url), json.dumps(url),
+       "".join("    %s\n" % line for line in extra.splitlines()))
 
 
 def write_yaml(path: str, data: Any) -> None:
