@@ -18,10 +18,12 @@ description:
   - Without C(module_source_base) in C(cfg/_config.yml), the roots call the collection's own terraform
     modules, copied into C(<config_root>/generated/.modules/<collection version>/) (only when they differ)
     and referenced by relative paths, so a rendered tree plans wherever it is moved or checked out.
-  - Then prepares every changed root, in parallel. A dry run runs C(fmt -check), C(init -backend=false)
-    and C(validate); the roots to validate are validated in one C(validate) run per binary (a
-    temporary root outside the tree calls each of them as a module, so the provider's schema loads
-    once), and each alone when that run fails, for its own message. A root unchanged since its last
+  - Then prepares every changed root, in parallel. A dry run runs C(fmt -check) and C(validate); the
+    roots to validate are validated in one C(validate) run per binary (a temporary root outside the
+    tree calls each of them as a module and is the only one initialised, so the provider's checksum
+    and schema load once), and each alone, after its own C(init -backend=false), when that run fails
+    (for its own message) or when it is the binary's only root. A root validated together keeps no
+    C(.terraform/) of its own but the stamp: run C(terraform init) in it before any terraform command. A root unchanged since its last
     successful fmt/init/validate is not prepared again; one whose files changed only where C(init) does
     not read (a module call's argument, a launch script) is not initialised again. Every terraform process gets C(GOGC=400) and
     C(GOMEMLIMIT=1GiB) unless the environment sets either (less CPU for a little more memory; see
@@ -43,7 +45,7 @@ options:
     required: true
   dry_run:
     description:
-      - A dry run renders and validates with C(init -backend=false) (no backend is reached).
+      - A dry run renders and validates, with C(init -backend=false) where a root is initialised (no backend is reached).
       - A real run initialises every root against its state backend (and leaves validation to its plan).
     type: bool
     default: true

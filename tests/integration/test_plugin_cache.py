@@ -6,7 +6,8 @@ the reference manual's cache lock): eight roots prepared at once on an EMPTY cac
 terraform and the AWS provider from the machine's mirror.
 
 The first root's init fills the cache alone (exclusive ``flock`` on the cache's lock file);
-the other inits wait for it and then share the lock, so they only link what is cached.
+the other inits wait for it and then share the lock, so they only link what is cached. A dry
+run initialises only the temporary root that validates them together, exclusively.
 """
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ def test_eight_roots_prepared_at_once_on_an_empty_cache(tmp_path):
         roots.append((str(d), "terraform", None))
     assert not (cache / "plugin-cache").exists()
 
-    out = prepare_roots(roots, dry_run=True, workers=8, extra_env=env)
+    # a real run's preparation: every root initialised, in parallel (the first fills the cache)
+    out = prepare_roots(roots, dry_run=False, workers=8, extra_env=env)
 
     assert sorted(out) == sorted(r[0] for r in roots)
     for d, commands in out.items():
-        assert [c["cmd"].split()[1] for c in commands] == ["fmt", "init", "validate"], commands
+        assert [c["cmd"].split()[1] for c in commands] == ["fmt", "init"], commands
         assert all(c["rc"] == 0 for c in commands), commands
     cached = list((cache / "plugin-cache" / "registry.terraform.io" / "hashicorp" / "aws").iterdir())
     assert [p.name for p in cached] == ["5.100.0"]
@@ -76,6 +78,27 @@ def test_eight_roots_prepared_at_once_on_an_empty_cache(tmp_path):
     if os.path.isfile(mirror):
         assert os.path.getsize(str(binaries[0])) == os.path.getsize(mirror)
     assert (cache / "plugin-cache" / terraform.CACHE_LOCK).exists()
+
+
+def test_a_dry_run_on_an_empty_cache_fills_it_once_and_validates_the_roots_together(tmp_path):
+    """A dry run initialises no root by itself: the one temporary root that calls them all is
+    initialised (holding the lock exclusively: it is what fills the cache) and validated."""
+    cache = tmp_path / "cache"
+    env = {"CSIS_CACHE_DIR": str(cache)}
+    roots = []
+    for i in range(3):
+        d = tmp_path / ("root%d" % i)
+        d.mkdir()
+        (d / "main.tf").write_text(ROOT_TF % i)
+        roots.append((str(d), "terraform", None))
+
+    out = prepare_roots(roots, dry_run=True, workers=3, extra_env=env)
+
+    for d, commands in out.items():
+        assert [c["cmd"] for c in commands][1:] == ["terraform validate -no-color (one run for 3 roots)"], commands
+        assert not os.path.exists(os.path.join(d, ".terraform.lock.hcl"))
+    cached = list((cache / "plugin-cache" / "registry.terraform.io" / "hashicorp" / "aws").iterdir())
+    assert [p.name for p in cached] == ["5.100.0"]
 
 
 def test_a_fill_excludes_the_linking_inits_of_another_process(tmp_path):

@@ -344,6 +344,25 @@ def drop_torn_backend_settings(plan_dir: str) -> bool:
     return True
 
 
+def _init(plan_dir: str, binary: str, args: Sequence[str], extra_env: Optional[Mapping[str, str]],
+          fills_cache: bool, cache_filled: Optional[threading.Event] = None) -> Dict[str, Any]:
+    """``terraform init`` (``args``) in ``plan_dir``, under the plugin cache lock."""
+    # a run killed during this init leaves no stamp whose init key would skip the next
+    _drop_stamp(plan_dir)
+    # a run killed during an earlier init may have cut the backend settings short
+    drop_torn_backend_settings(plan_dir)
+    # the first init of a batch may fill the shared plugin cache: alone; the others wait for
+    # it, then share the lock (they only link what the cache holds)
+    if cache_filled is not None and not fills_cache:
+        cache_filled.wait()
+    try:
+        with terraform.plugin_cache_lock(exclusive=fills_cache, env=dict(os.environ, **(extra_env or {}))):
+            return terraform.run(binary, args, plan_dir, extra_env)
+    finally:
+        if cache_filled is not None and fills_cache:
+            cache_filled.set()
+
+
 def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
                  extra_env: Optional[Mapping[str, str]] = None, force: bool = False,
                  fills_cache: bool = True, cache_filled: Optional[threading.Event] = None,
@@ -352,8 +371,9 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
 
     Skipped when the same root was already prepared successfully with the same inputs
     (a stamp in ``.terraform/``), so re-rendering an unchanged tree costs no provider load.
-    ``defer_validate``: stop before ``validate`` and write no stamp (:func:`prepare_roots`
-    validates such roots together, then stamps them).
+    ``defer_validate`` (a dry run's): stop after ``fmt`` and write no stamp; :func:`prepare_roots`
+    validates such roots together, which needs no init of each root, or initialises and
+    validates one alone (:func:`_validate_alone`).
     """
     key = prepare_key(plan_dir, binary, dry_run)
     stamp = {} if force else _read_stamp(plan_dir)
@@ -366,26 +386,15 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
     init_done = stamp.get("init") == ikey
     done = []
     for args in terraform.prepare_steps(dry_run, backend_file):
-        if defer_validate and args[0] == "validate":
+        if defer_validate and args[0] in ("init", "validate"):
+            if args[0] == "init" and init_done:
+                done.append({"cmd": INIT_UNCHANGED, "rc": 0, "stdout": "", "stderr": ""})
             continue
         if init_done and args[0] == "init":
             done.append({"cmd": INIT_UNCHANGED, "rc": 0, "stdout": "", "stderr": ""})
             continue
         if args[0] == "init":
-            # a run killed during this init leaves no stamp whose init key would skip the next
-            _drop_stamp(plan_dir)
-            # a run killed during an earlier init may have cut the backend settings short
-            drop_torn_backend_settings(plan_dir)
-            # the first init of a batch may fill the shared plugin cache: alone; the others
-            # wait for it, then share the lock (they only link what the cache holds)
-            if cache_filled is not None and not fills_cache:
-                cache_filled.wait()
-            try:
-                with terraform.plugin_cache_lock(exclusive=fills_cache, env=dict(os.environ, **(extra_env or {}))):
-                    r = terraform.run(binary, args, plan_dir, extra_env)
-            finally:
-                if cache_filled is not None and fills_cache:
-                    cache_filled.set()
+            r = _init(plan_dir, binary, args, extra_env, fills_cache, cache_filled)
         else:
             r = terraform.run(binary, args, plan_dir, extra_env)
         done.append(r)
@@ -393,6 +402,8 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
             if cache_filled is not None and fills_cache:
                 cache_filled.set()
             raise _failed(plan_dir, r)
+    if cache_filled is not None and fills_cache:
+        cache_filled.set()  # a deferred or unchanged init filled nothing
     if not defer_validate:
         _write_stamp(plan_dir, key, ikey)
     return done
@@ -413,8 +424,8 @@ def _declared_variables(plan_dir: str) -> List[str]:
 
 def validate_together(binary: str, dirs: Sequence[str],
                       extra_env: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """``validate`` many initialised roots in ONE terraform process: a temporary root outside
-    the tree calls each of them as a module (every input variable passed as an unknown
+    """``validate`` many roots in ONE terraform process: a temporary root outside the tree,
+    initialised once (the roots need no init of their own), calls each of them as a module (every input variable passed as an unknown
     value, as ``validate`` treats a root's own inputs), so the provider's checksum and schema
     are loaded once instead of once per root (most of a validate's CPU).
 
@@ -431,7 +442,8 @@ def validate_together(binary: str, dirs: Sequence[str],
                 i, json.dumps(os.path.relpath(os.path.realpath(d), work)), "".join("  %s = var.r%d_%s\n" % (n, i, n) for n in names)))
         with open(os.path.join(work, "main.tf"), "w", encoding="utf-8") as fh:
             fh.write("".join(text))
-        with terraform.plugin_cache_lock(exclusive=False, env=dict(os.environ, **(extra_env or {}))):
+        # the roots themselves are not initialised first: this init may be the one that fills the cache
+        with terraform.plugin_cache_lock(exclusive=True, env=dict(os.environ, **(extra_env or {}))):
             init = terraform.run(binary, ["init", "-input=false", "-no-color", "-backend=false"], work, extra_env)
         if init["rc"] != 0:
             return None
@@ -443,12 +455,21 @@ def validate_together(binary: str, dirs: Sequence[str],
 
 
 def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
-                    extra_env: Optional[Mapping[str, str]]) -> List[Dict[str, Any]]:
+                    extra_env: Optional[Mapping[str, str]], initialised: bool) -> List[Dict[str, Any]]:
+    """``validate`` one root (its ``init`` first unless ``initialised``), then stamp it."""
+    done = []
+    if not initialised:
+        init = next(a for a in terraform.prepare_steps(dry_run, backend_file) if a[0] == "init")
+        r = _init(plan_dir, binary, init, extra_env, fills_cache=True)
+        done.append(r)
+        if r["rc"] != 0:
+            raise _failed(plan_dir, r)
     r = terraform.run(binary, ["validate", "-no-color"], plan_dir, extra_env)
+    done.append(r)
     if r["rc"] != 0:
         raise _failed(plan_dir, r)
     _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), init_key(plan_dir, binary, dry_run, backend_file))
-    return [r]
+    return done
 
 
 def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool, workers: int = 4,
@@ -456,9 +477,10 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
     """fmt/init/validate many roots in parallel: [(directory, binary, backend_file)].
 
     In a dry run the roots that need a ``validate`` (not stamped) are validated together, one
-    terraform process per binary (:func:`validate_together`); when that fails, or a binary
-    has one such root, each is validated alone, in parallel. A root already prepared with
-    the same inputs is never validated again."""
+    terraform process per binary (:func:`validate_together`), and are not initialised one by
+    one (the temporary root that calls them is, once); when that run fails, or a binary has
+    one such root, each is initialised (unless an earlier init still holds) and validated
+    alone, in parallel. A root already prepared with the same inputs is never validated again."""
     out: Dict[str, List[Dict[str, Any]]] = {}
     errors: List[str] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -490,9 +512,12 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
                 continue
             cmd = "%s validate -no-color (one run for %d roots)" % (os.path.basename(b), len(dirs))
             for d in dirs:
-                _write_stamp(d, prepare_key(d, b, dry_run), init_key(d, b, dry_run, backend_files[d]))
+                # the init key only when an earlier init of the root still holds (none ran now)
+                ikey = init_key(d, b, dry_run, backend_files[d])
+                _write_stamp(d, prepare_key(d, b, dry_run), ikey if _initialised(out[d]) else None)
                 out[d].append(dict(together, cmd=cmd))
-        vfuts = {pool.submit(_validate_alone, d, b, dry_run, backend_files[d], extra_env): d for d, b in alone}
+        vfuts = {pool.submit(_validate_alone, d, b, dry_run, backend_files[d], extra_env, _initialised(out[d])): d
+                 for d, b in alone}
         for fut in concurrent.futures.as_completed(vfuts):
             try:
                 out[vfuts[fut]].extend(fut.result())
@@ -501,6 +526,11 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
     if errors:
         raise EmitError("\n".join(sorted(errors)))
     return out
+
+
+def _initialised(commands: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a root's prepared commands include an init (run now, or still holding)."""
+    return any(c["cmd"] == INIT_UNCHANGED or c["cmd"].split()[1:2] == ["init"] for c in commands)
 
 
 def unified(diff: Mapping[str, str]) -> str:
