@@ -44,3 +44,28 @@ def test_each_service_is_preloaded_once_per_process(monkeypatch) -> None:
     aws.preload(("s3",))
     aws.preload(("ec2", "s3"))
     assert built == ["ec2", "efs", "s3"]
+
+
+def test_defining_the_action_class_freezes_what_the_controller_holds() -> None:
+    """After the imports, ``gc.freeze()``: the controller's heap (the library and boto3's models
+    above all) is out of the cyclic collector's walks, in the controller and in the workers it
+    forks. A fresh interpreter, as ``ansible-playbook`` is: nothing frozen before, the imported
+    module's objects frozen after."""
+    import os
+    import subprocess
+    import textwrap
+
+    # the directory that holds this collection's ansible_collections/csis/infra
+    collections = os.path.abspath(os.path.join(os.path.dirname(aws.__file__), *[os.pardir] * 6))
+    code = textwrap.dedent("""\
+        import gc, importlib, sys
+        sys.path.insert(0, %r)
+        assert gc.get_freeze_count() == 0
+        importlib.import_module("ansible_collections.csis.infra.plugins.action.csis_gate_plan")
+        gate = sys.modules["ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate"]
+        frozen = gc.get_freeze_count()
+        gc.collect()
+        print(frozen, gc.is_tracked(gate.__dict__), gate.__dict__ in gc.get_objects())
+        """ % collections)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) > 10000 and out[1:] == ["True", "False"], out  # tracked, but in no generation the collector walks
