@@ -23,7 +23,7 @@ description:
     tree calls each of them as a module and is the only one initialised, so the provider's checksum
     and schema load once), and each alone, after its own C(init -backend=false), when that run fails
     (for its own message) or when it is the binary's only root. A root validated together keeps no
-    C(.terraform/) of its own but the stamp: run C(terraform init) in it before any terraform command. A root unchanged since its last
+    C(.terraform/) of its own but the stamp; run C(terraform init) in it before any terraform command. A root unchanged since its last
     successful fmt/init/validate is not prepared again; one whose files changed only where C(init) does
     not read (a module call's argument, a launch script) is not initialised again. Every terraform process gets C(GOGC=400) and
     C(GOMEMLIMIT=1GiB) unless the environment sets either (less CPU for a little more memory; see
