@@ -4,9 +4,9 @@
 """Action plugin of csis.infra.csis_apply_wait (documentation: plugins/modules/csis_apply_wait.py).
 
 Waits on the controller for an async job that a task started with ``poll: 0`` on a host whose
-connection is local (the csis.infra root hosts): it reads the job's results file every half
-second (no module run per look, unlike ``async_status``, so the wait costs no processes and
-ends at most half a second after the job) and prints a progress line every ``interval``
+connection is local (the csis.infra root hosts): it reads the job's results file every 0.2
+s (no module run per look, unlike ``async_status``, so the wait costs no processes and
+ends at most 0.2 s after the job) and prints a progress line every ``interval``
 seconds with the last line of ``log`` (terraform's output as it comes)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ansible.utils.display import Display
 
 display = Display()
 
-LOOK = 0.5
+LOOK = 0.2
 
 
 def _read(path):

@@ -14,7 +14,7 @@ author:
 description:
   - An action plugin. It waits for an async job that a task started with C(async) and no polling (C(poll) set to 0) on a host whose
     connection is local (the C(csis.infra.tofu_root) root hosts start their apply that way).
-  - It reads the job's results file on the controller every half second, so it ends at most half a second after
+  - It reads the job's results file on the controller every 0.2 s, so it ends at most 0.2 s after
     the job, and it runs no module per look (Ansible's own polling runs C(async_status) each time and ends up to
     a whole poll interval late).
   - Every O(interval) seconds it prints a progress line with the last line of O(log) (terraform's output as it
