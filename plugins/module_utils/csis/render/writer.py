@@ -425,9 +425,10 @@ def _declared_variables(plan_dir: str) -> List[str]:
 def validate_together(binary: str, dirs: Sequence[str],
                       extra_env: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
     """``validate`` many roots in ONE terraform process: a temporary root outside the tree,
-    initialised once (the roots need no init of their own), calls each of them as a module (every input variable passed as an unknown
-    value, as ``validate`` treats a root's own inputs), so the provider's checksum and schema
-    are loaded once instead of once per root (most of a validate's CPU).
+    initialised once (the roots need no init of their own), calls each of them as a module
+    (every input variable passed as an unknown value, as ``validate`` treats a root's own
+    inputs), so the provider's checksum and schema are loaded once instead of once per root
+    (most of a validate's CPU).
 
     Returns the validate command's result when terraform says every root is valid, else
     None: the caller then validates each root alone, for its own message (a root that only
