@@ -26,6 +26,7 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
+from trees import replace_text  # noqa: E402
 
 pytestmark = e2e.needs_terraform()
 
@@ -41,12 +42,7 @@ def _copy_tree(parent: str) -> str:
                           ("cfg/state-backends.yml", "statefiles/csis-example", "statefiles/%s" % TAG),
                           ("cfg/storage-builders.yml", "csis-example-default-bucket", BUCKET),
                           ("storages/storage0.yaml", "csis-example-default-bucket", BUCKET)):
-        path = os.path.join(root, rel)
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-        assert old in text, (rel, old)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text.replace(old, new))
+        replace_text(os.path.join(root, rel), old, new)
     # only the EBS volume the instance mounts: no S3 bucket (its lifecycle costs the provider's
     # 55 s waiter) and no EFS, which this test does not need
     e2e.write_yaml(os.path.join(root, "storages", "storage0.yaml"), {"storages": [

@@ -19,6 +19,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipe
 from ansible_collections.csis.infra.plugins.module_utils.csis.render import writer
 
 import render_trees as rt
+from trees import replace_text
 
 pytestmark = pytest.mark.integration
 
@@ -93,20 +94,12 @@ def _copy_ebs_root(rendered: Dict[str, Any], tmp_path: Any) -> str:
     return ebs
 
 
-def _edit(path: str, old: str, new: str) -> None:
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    assert old in text, (path, old)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text.replace(old, new))
-
-
 def test_a_changed_module_argument_is_validated_without_a_new_init(rendered: Dict[str, Any], tmp_path: Any) -> None:
     """A root whose files changed where init does not read (a module call's argument: what a pinned
     AMI or a new size does) is formatted and validated again, not initialised again."""
     ebs = _copy_ebs_root(rendered, tmp_path)
     call = os.path.join(ebs, "solo-ebs-storage-generation-storage-scratch.tf")
-    _edit(call, "size              = 100", "size              = 200")
+    replace_text(call, "size              = 100", "size              = 200")
     out = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
     cmds = [c["cmd"] for c in out[ebs]]
     assert cmds[0].startswith("terraform fmt -check") and cmds[1] == writer.INIT_UNCHANGED, cmds

@@ -26,7 +26,7 @@ BUCKET = "csis-drift-default-bucket"
 
 def _copy_tree(dest: str) -> str:
     src = os.path.join(REPO, "examples")
-    from trees import copy_as_shipped
+    from trees import copy_as_shipped, replace_text
 
     copy_as_shipped(src, os.path.join(dest, "examples"))
     root = os.path.join(dest, "examples")
@@ -34,12 +34,7 @@ def _copy_tree(dest: str) -> str:
                           ("cfg/state-backends.yml", "statefiles/csis-example", "statefiles/%s" % TAG),
                           ("cfg/storage-builders.yml", "csis-example-default-bucket", BUCKET),
                           ("storages/storage0.yaml", "csis-example-default-bucket", BUCKET)):
-        path = os.path.join(root, rel)
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-        assert old in text, (rel, old)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text.replace(old, new))
+        replace_text(os.path.join(root, rel), old, new)
     # the bucket without its lifecycle rules: drift is about the bucket, and the provider waits
     # ~55 s after creating a lifecycle configuration (tests/integration/test_lifecycle_e2e.py
     # applies the example's rules as shipped)

@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 from day2_trees import Runner, make_tree, tail, text
-from trees import copy_as_shipped
+from trees import copy_as_shipped, replace_text
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, launched_instances
 
@@ -40,12 +40,7 @@ RECORDS = ("launch-params.yaml", "instance-state.yaml", "storage-state.yaml", "p
 def _declare_s3_store(root: str, endpoint_url: str, prefix: str) -> None:
     """The S3 store on the tree's own S3 state backend, whose endpoint is the session's moto
     server (the store reads the tree's declaration, not a run's overlays)."""
-    path = os.path.join(root, "cfg", "state-backends.yml")
-    with open(path, encoding="utf-8") as fh:
-        backends = fh.read()
-    assert "url: http://127.0.0.1:5055" in backends
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(backends.replace("url: http://127.0.0.1:5055", "url: %s" % endpoint_url))
+    replace_text(os.path.join(root, "cfg", "state-backends.yml"), "url: http://127.0.0.1:5055", "url: %s" % endpoint_url)
     with open(os.path.join(root, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
         fh.write("meta_state:\n  backend: s3\n  state_backend: s3-east2\n  prefix: %s\n" % prefix)
     # every root's terraform state shared too (validate refuses a root on local state beside the

@@ -24,18 +24,13 @@ def make_tree(dest: str, tag: str, storages: List[Dict[str, Any]], instances: Li
               images: Optional[List[Dict[str, Any]]] = None, runtime_patch: Optional[Dict[str, Any]] = None) -> str:
     src = os.path.join(REPO, "examples")
     root = os.path.join(dest, "examples")
-    from trees import copy_as_shipped
+    from trees import copy_as_shipped, replace_text
 
     copy_as_shipped(src, root)
     for rel, old, new in (("cfg/_config.yml", "id: csis-example", "id: %s" % tag),
                           ("cfg/state-backends.yml", "statefiles/csis-example", "statefiles/%s" % tag),
                           ("cfg/storage-builders.yml", "csis-example-default-bucket", "%s-default" % tag)):
-        path = os.path.join(root, rel)
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-        assert old in text, (rel, old)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text.replace(old, new))
+        replace_text(os.path.join(root, rel), old, new)
     write_yaml(root, "storages/storage0.yaml", {"storages": storages})
     write_yaml(root, "instances/instances.yaml", {"instances": instances})
     if images is not None:

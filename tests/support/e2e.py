@@ -73,22 +73,17 @@ def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int
     own: a test that counts volumes by name or scans for foreign resources sees only its tree's.
     """
     root = copy_example_tree(parent, name)
+    from trees import replace_text
+
     if tree_id is not None:
-        cfg = os.path.join(root, "cfg", "_config.yml")
-        with open(cfg, encoding="utf-8") as fh:
-            text = fh.read()
-        assert "\nid: csis-example\n" in text
-        with open(cfg, "w", encoding="utf-8") as fh:
-            fh.write(text.replace("\nid: csis-example\n", "\nid: %s\n" % tree_id))
+        replace_text(os.path.join(root, "cfg", "_config.yml"), "\nid: csis-example\n", "\nid: %s\n" % tree_id)
     write_yaml(os.path.join(root, "storages", "storage0.yaml"), {"storages": [
         {"name": "mnt_data", "mount_point": "/mnt/data", "is_default": True, "groups": ["coops"],
          "state": "active"},
     ]})
     write_yaml(os.path.join(root, "instances", "instances.yaml"), {"instances": []})
-    backends = os.path.join(root, "cfg", "state-backends.yml")
-    text = open(backends, encoding="utf-8").read()
-    text = text.replace("key: statefiles/csis-example", "key: statefiles/%s" % state_key)
-    open(backends, "w", encoding="utf-8").write(text)
+    replace_text(os.path.join(root, "cfg", "state-backends.yml"), "key: statefiles/csis-example",
+                 "key: statefiles/%s" % state_key)
     builders = os.path.join(root, "cfg", "storage-builders.yml")
     text = open(builders, encoding="utf-8").read()
     text = re.sub(r"(\n    size: )100\n", r"\g<1>%d\n" % size, text)

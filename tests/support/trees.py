@@ -95,3 +95,13 @@ def edit_yaml(root: str, rel: str, change: Callable[[Any], None]) -> None:
     change(data)
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(data, fh, sort_keys=False)
+
+
+def replace_text(path: str, old: str, new: str) -> None:
+    """Replace ``old`` with ``new`` in the file at ``path``; ``old`` must be there (a test that
+    edits a shipped file fails loudly when the file changes under it)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    assert old in text, (path, old)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text.replace(old, new))
