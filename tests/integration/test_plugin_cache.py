@@ -51,15 +51,21 @@ ROOT_TF = textwrap.dedent("""\
     """)
 
 
-def test_eight_roots_prepared_at_once_on_an_empty_cache(tmp_path):
-    cache = tmp_path / "cache"
-    env = {"CSIS_CACHE_DIR": str(cache)}
+def _roots(tmp_path, count):
+    """``count`` one-bucket roots under ``tmp_path``, as prepare_roots takes them."""
     roots = []
-    for i in range(8):
+    for i in range(count):
         d = tmp_path / ("root%d" % i)
         d.mkdir()
         (d / "main.tf").write_text(ROOT_TF % i)
         roots.append((str(d), "terraform", None))
+    return roots
+
+
+def test_eight_roots_prepared_at_once_on_an_empty_cache(tmp_path):
+    cache = tmp_path / "cache"
+    env = {"CSIS_CACHE_DIR": str(cache)}
+    roots = _roots(tmp_path, 8)
     assert not (cache / "plugin-cache").exists()
 
     # a real run's preparation: every root initialised, in parallel (the first fills the cache)
@@ -85,12 +91,7 @@ def test_a_dry_run_on_an_empty_cache_fills_it_once_and_validates_the_roots_toget
     initialised (holding the lock exclusively: it is what fills the cache) and validated."""
     cache = tmp_path / "cache"
     env = {"CSIS_CACHE_DIR": str(cache)}
-    roots = []
-    for i in range(3):
-        d = tmp_path / ("root%d" % i)
-        d.mkdir()
-        (d / "main.tf").write_text(ROOT_TF % i)
-        roots.append((str(d), "terraform", None))
+    roots = _roots(tmp_path, 3)
 
     out = prepare_roots(roots, dry_run=True, workers=3, extra_env=env)
 
