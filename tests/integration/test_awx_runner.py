@@ -141,7 +141,9 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     approved = artifact.get("csis_approved_plans")
     assert isinstance(approved, dict) and set(approved) == {ROOT_KEY}, artifact
     assert len(approved[ROOT_KEY]) == 64
-    assert _ran(out, "Apply exactly that plan file") == ["skipping"]
+    # the steps from the approval to the apply (tofu_root tasks/apply.yml) are skipped whole
+    assert _ran(out, "Approve and apply the gated plan") == ["skipping"]
+    assert _ran(out, "Apply exactly that plan file") == []
     assert not _storages(root)
     # what the approver reads: the address, its action, the values it sets
     changes = artifact["csis_plan_changes"][ROOT_KEY]
