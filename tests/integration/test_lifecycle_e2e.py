@@ -180,6 +180,13 @@ def test_rerun_changes_nothing(site, moto_endpoint):
     assert set(e2e.changed_tasks(run.out)) <= {"csis.infra.render : Render the instance-image roots -> localhost"}, \
         e2e.changed_tasks(run.out)
     assert e2e.meta_state_digest(root, with_state_dir=True) == before
+    # nothing to apply: the steps from the approval to the apply (tofu_root tasks/apply.yml) are
+    # skipped whole, and the run summary says no root applied anything
+    assert "Re-read the apply flags" not in run.out and "Start the apply" not in run.out
+    with open(os.path.join(root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["totals"] == {"roots": 5, "applied": 0, "failed": 0, "refused": 0}, summary
+    assert all(e["applied"] is False and e["status"] == "ok" for e in summary["roots"].values()), summary
 
     pb = os.path.join(site.parent, "render-check.yml")
     result = os.path.join(site.parent, "render-check.json")
