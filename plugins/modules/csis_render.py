@@ -61,6 +61,17 @@ options:
     description: Run fmt/init/validate in each root after writing it.
     type: bool
     default: true
+  prepare_ahead:
+    description:
+      - In a dry run (without I(cascade)), also write the roots of the lifecycles that follow the last one
+        in I(lifecycle) (identity, then storage, then instance-image) and validate them in the same
+        C(validate) run as this run's roots, so those lifecycles' own dry runs find them unchanged and
+        validate nothing (one provider start and schema load, and the following root's C(init), fewer).
+      - They are reported in RV(prepared_ahead), and their files count in C(changed) and the diff.
+        A following root that cannot be rendered or validated here is left to its own lifecycle's run,
+        which reports it; it never fails this one.
+    type: bool
+    default: false
   workers:
     description: How many roots are prepared in parallel.
     type: int
@@ -252,6 +263,19 @@ roots:
           backend file, now or by an earlier render of the same files), so the C(csis.infra.tofu_root)
           role does not initialise it again. False in a dry run, in check mode and with O(prepare=false).
       type: bool
+prepared_ahead:
+  description:
+    - The roots of the following lifecycles written and validated with this run's (O(prepare_ahead)), each with
+      C(key), C(directory), C(changed), C(commands). A root missing from the list, or listed without a
+      C(validate) command, is prepared by its own lifecycle's run.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - key: instance-image-open-tofu
+      directory: generated/instance-image/open-tofu/instance-generation
+      changed: true
+      commands: ["terraform fmt -check -no-color", "terraform validate -no-color (one run for 1 root)"]
 config_root:
   description: The configuration root, as an absolute path.
   returned: success
@@ -306,7 +330,7 @@ def _run(module, p):
         out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
                      apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
                      check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"],
-                     series_heads=p["series_heads"], cascade=p["cascade"])
+                     series_heads=p["series_heads"], cascade=p["cascade"], prepare_ahead=p["prepare_ahead"])
     except ConfigError as exc:
         fail_from(module, exc, msg=problems_message(exc, p["config_root"], "; nothing was written"))
     except CsisError as exc:
@@ -315,7 +339,7 @@ def _run(module, p):
         module.warn(w)
     result = dict(changed=out["changed"], roots=out["roots"], tf_env=out["tf_env"], warnings_list=out["warnings"],
                   config_root=out["config_root"], undeclared=out["undeclared"], modules=out["modules"],
-                  approvals=out["approvals"], workspace=out["workspace"])
+                  approvals=out["approvals"], workspace=out["workspace"], prepared_ahead=out["prepared_ahead"])
     if module._diff:
         result["diff"] = [{"prepared": unified(d)} for d in out["diff"]]
     return result
@@ -329,6 +353,7 @@ RUN = ModuleRun(_run, argument_spec(
     apply_runtime=dict(type="str"),
     prepare=dict(type="bool", default=True),
     workers=dict(type="int", default=4),
+    prepare_ahead=dict(type="bool", default=False),
     series_heads=dict(type="dict", default={}),
     cascade=dict(type="dict"),
 ), requires=("PyYAML", "pydantic"), options=dict(supports_check_mode=True))

@@ -122,3 +122,48 @@ def test_a_new_module_call_is_initialised_again(rendered: Dict[str, Any], tmp_pa
     cmds = [c["cmd"] for c in out[ebs]]
     assert "-backend=false" in cmds[1] and cmds[1].startswith("terraform init"), cmds
     assert cmds[2] == "terraform validate -no-color", cmds
+
+
+def test_a_dry_run_validates_the_following_lifecycles_roots_beside_its_own(tmp_path: Any) -> None:
+    """prepare_ahead (the render role's default in a dry run): the storage dry run also writes the
+    instance-image root and validates it in a run of its own beside the storage roots' run, so the
+    instance-image dry run after it finds the root unchanged and runs no terraform at all."""
+    root = rt.copy_tree("nobackend", str(tmp_path))
+    storage = service.render(root, ["storage"], dry_run=True, prepare_ahead=True)
+    assert {r["builder"] for r in storage["roots"]} == {"solo-ebs", "solo-s3"}
+    for c in _commands(storage).values():
+        assert c[1:] == ["terraform validate -no-color (one run for 2 roots)"], c
+    [ahead] = storage["prepared_ahead"]
+    assert ahead["key"] == "instance-image-solo-tofu" and ahead["changed"] is True, ahead
+    assert ahead["commands"][0].startswith("terraform fmt -check"), ahead
+    assert ahead["commands"][1:] == ["terraform validate -no-color (one run for 1 root)"], ahead
+    assert os.path.isfile(os.path.join(root, ahead["directory"], writer.STAMP))
+    instance = service.render(root, ["instance-image"], dry_run=True, prepare_ahead=True)
+    assert _commands(instance) == {"solo-tofu": UNCHANGED}
+    assert instance["prepared_ahead"] == []  # nothing follows instance-image
+    # a real run never prepares ahead (its init needs the backend, its plan validates), nor does
+    # check mode (it writes nothing)
+    assert service.render(root, ["storage"], dry_run=True, check_mode=True, prepare_ahead=True)["prepared_ahead"] == []
+
+
+def test_a_following_root_that_fails_is_left_to_its_own_run(rendered: Dict[str, Any], tmp_path: Any) -> None:
+    """An invalid root of a following lifecycle (optional) fails nothing in this run and is not
+    stamped; this run's own roots are validated and stamped; its own run then names it."""
+    root = os.path.join(str(tmp_path), "copy")
+    shutil.copytree(rendered["root"], root, symlinks=True)
+    ebs, s3 = (os.path.join(root, "generated", "storage", b, "storage-generation") for b in ("solo-ebs", "solo-s3"))
+    tofu = os.path.join(root, "generated", "instance-image", "solo-tofu", "instance-generation")
+    for d in (ebs, s3, tofu):
+        os.unlink(os.path.join(d, writer.STAMP))
+    tf = sorted(n for n in os.listdir(tofu) if n.endswith(".tf"))[0]
+    with open(os.path.join(tofu, tf), "a", encoding="utf-8") as fh:
+        fh.write('\noutput "csis_broken" {\n  value = var.not_declared\n}\n')
+    out = writer.prepare_roots([(ebs, "terraform", None), (s3, "terraform", None), (tofu, "terraform", None)],
+                               dry_run=True, optional=[tofu])
+    assert out[ebs][-1]["cmd"] == "terraform validate -no-color (one run for 2 roots)", out[ebs]
+    assert os.path.isfile(os.path.join(ebs, writer.STAMP)) and os.path.isfile(os.path.join(s3, writer.STAMP))
+    assert [c["cmd"].split()[1] for c in out[tofu]] == ["fmt"], out[tofu]
+    assert not os.path.exists(os.path.join(tofu, writer.STAMP))
+    with pytest.raises(writer.EmitError) as err:
+        writer.prepare_roots([(tofu, "terraform", None)], dry_run=True)
+    assert str(err.value).startswith(tofu + ": 'terraform validate -no-color' failed (rc 1):"), err.value

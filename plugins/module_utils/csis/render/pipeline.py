@@ -44,14 +44,34 @@ def _os_errors_named(fn: Callable[..., Dict[str, Any]]) -> Callable[..., Dict[st
     return wrapper
 
 
+def _following_roots(tree: Any, meta: Dict[str, Any], lifecycles: Sequence[str], opts: RenderOptions) -> List[RootPlan]:
+    """The roots of the lifecycles after the last of ``lifecycles``, as their own dry runs would
+    render them; a lifecycle whose roots cannot be planned here is left out (its own run says why)."""
+    last = max(LIFECYCLES.index(lc) for lc in lifecycles)
+    out: List[RootPlan] = []
+    for lc in LIFECYCLES[last + 1:]:
+        try:
+            out.extend(plan_roots(tree, meta, lc, opts))
+        except (ConfigError, EmitError):
+            continue
+    return out
+
+
 @_os_errors_named
 def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, only_runtime: Optional[str] = None,
            apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
            check_mode: bool = False, want_diff: bool = False, prepare: bool = True, workers: int = 4,
            extra_env: Optional[Mapping[str, str]] = None,
            series_heads: Optional[Mapping[str, Any]] = None,
-           cascade: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+           cascade: Optional[Mapping[str, Any]] = None, prepare_ahead: bool = False) -> Dict[str, Any]:
     """Validate, plan, write and prepare the roots. Raises ConfigError / EmitError.
+
+    ``prepare_ahead`` (a dry run's, without a cascade): also write the roots of the lifecycles
+    that follow the last of ``lifecycles`` (identity, storage, instance-image) and validate them
+    in the same ``validate`` run as this run's roots (:func:`.writer.prepare_roots`'s
+    ``optional``), so those lifecycles' own dry runs find them stamped and validate nothing. A
+    following root that cannot be rendered or validated is left to its own lifecycle's run, which
+    reports it: it never fails this one.
 
     ``cascade``: one phase of an environment's cascade destroy (render/cascade.py:
     ``environment``, ``phase``, ``ebs``, ``approved``), run over the declaration that phase
@@ -85,10 +105,13 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
                                             str(cascade.get("environment")))
         if refused:
             raise ConfigError(refused)
+    ahead: List[RootPlan] = []
+    if prepare_ahead and dry_run and prepare and not check_mode and not cascade and plans:
+        ahead = _following_roots(tree, meta, lifecycles, opts)
     results = []
     changed = False
     diffs: List[Dict[str, str]] = []
-    for p in plans:
+    for p in plans + ahead:
         directory = os.path.join(tree.root, p.directory)
         # The emission is terraform-fmt canonical by construction (hcl.py; pinned by
         # tests/unit/test_render.py::test_emission_is_already_in_fmt_form, and `fmt -check`
@@ -114,10 +137,18 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
             fh.write(GENERATED_GITIGNORE)
     commands: Dict[str, Any] = {}
     if prepare and not check_mode and plans:
-        commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans],
-                                 dry_run=dry_run, workers=workers, extra_env=extra_env)
+        commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans + ahead],
+                                 dry_run=dry_run, workers=workers, extra_env=extra_env,
+                                 optional=[os.path.join(tree.root, p.directory) for p in ahead])
     roots = []
+    prepared_ahead = []
+    ahead_ids = {id(p) for p in ahead}
     for p, res in results:
+        if id(p) in ahead_ids:
+            prepared_ahead.append({"key": "%s-%s" % (p.lifecycle, p.builder), "directory": p.directory,
+                                   "changed": res.changed,
+                                   "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]})
+            continue
         d = p.as_dict(tree.root)
         d.update({"changed": res.changed, "added": res.added, "removed": res.removed, "modified": res.modified,
                   "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])],
@@ -129,6 +160,7 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         "changed": changed,
         "config_root": tree.root,
         "roots": roots,
+        "prepared_ahead": prepared_ahead,
         "diff": diffs,
         "tf_env": env_overrides(),
         "warnings": [w for p in plans for w in p.warnings],

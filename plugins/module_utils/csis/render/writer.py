@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import terraform
 from ..errors import CsisError
@@ -474,16 +474,23 @@ def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Opt
 
 
 def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool, workers: int = 4,
-                  extra_env: Optional[Mapping[str, str]] = None) -> Dict[str, List[Dict[str, Any]]]:
+                  extra_env: Optional[Mapping[str, str]] = None,
+                  optional: Collection[str] = ()) -> Dict[str, List[Dict[str, Any]]]:
     """fmt/init/validate many roots in parallel: [(directory, binary, backend_file)].
 
     In a dry run the roots that need a ``validate`` (not stamped) are validated together, one
     terraform process per binary (:func:`validate_together`), and are not initialised one by
     one (the temporary root that calls them is, once); when that run fails, or a binary has
     one such root, each is initialised (unless an earlier init still holds) and validated
-    alone, in parallel. A root already prepared with the same inputs is never validated again."""
+    alone, in parallel. A root already prepared with the same inputs is never validated again.
+
+    ``optional`` (a dry run's roots of the lifecycles that follow, ``pipeline.render``'s
+    ``prepare_ahead``): validated together in a run of their own beside this run's, and stamped
+    only when it passes; never alone, and never an error here (their own lifecycle's render
+    prepares them again and reports what fails)."""
     out: Dict[str, List[Dict[str, Any]]] = {}
     errors: List[str] = []
+    optional = frozenset(optional)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # the first root's init fills the plugin cache alone; the other roots' inits start when
         # it is done (or when the first root needed none) and share the cache lock
@@ -500,25 +507,43 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
             try:
                 out[d] = fut.result()
             except EmitError as exc:
-                errors.append(str(exc))
+                if d not in optional:
+                    errors.append(str(exc))
                 continue
             if dry_run and out[d][0]["cmd"] != UNCHANGED:
                 pending.setdefault(b, []).append(d)
-        alone: List[Tuple[str, str]] = []
-        for b, dirs in sorted(pending.items()):
+        # one validate run per binary for this run's roots, and another, beside it, for the
+        # following lifecycles' (optional): the two use both cores, and a failure of the latter
+        # is theirs alone
+        groups: Dict[Tuple[str, bool], List[str]] = {}
+        for b, dirs in pending.items():
+            for d in dirs:
+                groups.setdefault((b, d in optional), []).append(d)
+        tfuts: Dict[Any, Tuple[str, bool, List[str]]] = {}
+        vfuts: Dict[Any, str] = {}
+        for (b, opt), dirs in sorted(groups.items()):
             dirs.sort()
-            together = validate_together(b, dirs, extra_env) if len(dirs) > 1 else None
+            if len(dirs) > 1 or opt:
+                tfuts[pool.submit(validate_together, b, dirs, extra_env)] = (b, opt, dirs)
+            else:
+                vfuts[pool.submit(_validate_alone, dirs[0], b, dry_run, backend_files[dirs[0]], extra_env,
+                                  _initialised(out[dirs[0]]))] = dirs[0]
+        for fut in concurrent.futures.as_completed(tfuts):
+            b, opt, dirs = tfuts[fut]
+            together = fut.result()
             if together is None:
-                alone.extend((d, b) for d in dirs)
+                if not opt:
+                    for d in dirs:
+                        vfuts[pool.submit(_validate_alone, d, b, dry_run, backend_files[d], extra_env,
+                                          _initialised(out[d]))] = d
                 continue
-            cmd = "%s validate -no-color (one run for %d roots)" % (os.path.basename(b), len(dirs))
+            cmd = "%s validate -no-color (one run for %d root%s)" % (os.path.basename(b), len(dirs),
+                                                                     "" if len(dirs) == 1 else "s")
             for d in dirs:
                 # the init key only when an earlier init of the root still holds (none ran now)
                 ikey = init_key(d, b, dry_run, backend_files[d])
                 _write_stamp(d, prepare_key(d, b, dry_run), ikey if _initialised(out[d]) else None)
                 out[d].append(dict(together, cmd=cmd))
-        vfuts = {pool.submit(_validate_alone, d, b, dry_run, backend_files[d], extra_env, _initialised(out[d])): d
-                 for d, b in alone}
         for fut in concurrent.futures.as_completed(vfuts):
             try:
                 out[vfuts[fut]].extend(fut.result())
