@@ -64,9 +64,9 @@ options:
   prepare_ahead:
     description:
       - In a dry run (without I(cascade)), also write the roots of the lifecycles that follow the last one
-        in I(lifecycle) (identity, then storage, then instance-image) and validate them in the same
-        C(validate) run as this run's roots, so those lifecycles' own dry runs find them unchanged and
-        validate nothing (one provider start and schema load, and the following root's C(init), fewer).
+        in I(lifecycle) (identity, then storage, then instance-image) and validate them in a second
+        C(validate) run beside this run's (the two use two cores at once), so those lifecycles' own dry
+        runs find them unchanged and run no terraform.
       - They are reported in RV(prepared_ahead), and their files count in C(changed) and the diff.
         A following root that cannot be rendered or validated here is left to its own lifecycle's run,
         which reports it; it never fails this one.
@@ -265,9 +265,9 @@ roots:
       type: bool
 prepared_ahead:
   description:
-    - The roots of the following lifecycles written and validated with this run's (O(prepare_ahead)), each with
-      C(key), C(directory), C(changed), C(commands). A root missing from the list, or listed without a
-      C(validate) command, is prepared by its own lifecycle's run.
+    - The roots of the following lifecycles this run wrote or validated (O(prepare_ahead)), each with
+      C(key), C(directory), C(changed) and C(commands). One already validated with the same files is not
+      listed; one whose C(commands) hold no C(validate) (it failed there) is validated by its own lifecycle's run.
   returned: success
   type: list
   elements: dict

@@ -17,7 +17,7 @@ from ..terraform import env_overrides, takes_ephemeral_variables
 from . import cascade as cascade_lib
 from .plan import LIFECYCLES, RenderOptions, RootPlan
 from .roots import plan_roots
-from .writer import EmitError, compare, prepare_roots, vendor_modules, write_root
+from .writer import UNCHANGED, EmitError, compare, prepare_roots, vendor_modules, write_root
 
 GENERATED_GITIGNORE = """# written by csis.infra: run output, never commit
 .terraform/
@@ -68,7 +68,7 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
 
     ``prepare_ahead`` (a dry run's, without a cascade): also write the roots of the lifecycles
     that follow the last of ``lifecycles`` (identity, storage, instance-image) and validate them
-    in the same ``validate`` run as this run's roots (:func:`.writer.prepare_roots`'s
+    in a second ``validate`` run beside this run's (:func:`.writer.prepare_roots`'s
     ``optional``), so those lifecycles' own dry runs find them stamped and validate nothing. A
     following root that cannot be rendered or validated is left to its own lifecycle's run, which
     reports it: it never fails this one.
@@ -140,18 +140,18 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans + ahead],
                                  dry_run=dry_run, workers=workers, extra_env=extra_env,
                                  optional=[os.path.join(tree.root, p.directory) for p in ahead])
+
+    def done(p: RootPlan) -> List[str]:
+        return [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]
+
+    # the following roots this run wrote or validated (one unchanged since it was stamped adds nothing)
+    prepared_ahead = [{"key": p.key, "directory": p.directory, "changed": res.changed, "commands": done(p)}
+                      for p, res in results[len(plans):] if res.changed or done(p) != [UNCHANGED]]
     roots = []
-    prepared_ahead = []
-    ahead_ids = {id(p) for p in ahead}
-    for p, res in results:
-        if id(p) in ahead_ids:
-            prepared_ahead.append({"key": "%s-%s" % (p.lifecycle, p.builder), "directory": p.directory,
-                                   "changed": res.changed,
-                                   "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]})
-            continue
+    for p, res in results[:len(plans)]:
         d = p.as_dict(tree.root)
         d.update({"changed": res.changed, "added": res.added, "removed": res.removed, "modified": res.modified,
-                  "commands": [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])],
+                  "commands": done(p),
                   # init -reconfigure against the state backend done here (or by an earlier run with
                   # the same inputs: the prepare stamp), so csis.infra.tofu_root need not init again
                   "initialised": bool(prepare and not check_mode and not dry_run)})

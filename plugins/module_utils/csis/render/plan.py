@@ -97,13 +97,18 @@ class RootPlan:
     #: terraform runs (RootPlanner.endpoint_env; also the root's ENDPOINT_ENV_FILE); no secrets
     endpoint_env: Dict[str, str] = field(default_factory=dict)
 
+    @property
+    def key(self) -> str:
+        """``<lifecycle>-<builder>``: the root's name in a run (its host is ``csis-<key>``)."""
+        return "%s-%s" % (self.lifecycle, self.builder)
+
     def as_dict(self, config_root: str) -> Dict[str, Any]:
         return {
             "lifecycle": self.lifecycle, "builder": self.builder, "builder_type": self.builder_type,
             "runtime": self.runtime, "directory": os.path.join(config_root, self.directory),
             "backend_file": self.backend_file, "backend_type": self.backend_type, "binary": self.binary,
             "binary_path": shutil.which(self.binary) or self.binary,
-            "key": "%s-%s" % (self.lifecycle, self.builder),
+            "key": self.key,
             "may_apply": self.may_apply, "allow_destroy": list(self.allow_destroy), "replace": list(self.replace),
             "require_unmounted": list(self.require_unmounted), "unmounts": list(self.unmounts),
             "transitions_before": list(self.transitions_before), "transitions_after": list(self.transitions_after),
