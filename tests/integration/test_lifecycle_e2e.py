@@ -217,3 +217,10 @@ def test_dry_run_plans_nothing(site, moto_endpoint):
         assert re.search(r"%s[\w.-]* would run:" % re.escape(key), run.out), key
     assert "plan -input=false -detailed-exitcode -out=tfplan" in run.out and "csis_gate_plan tfplan" in run.out
     assert e2e.meta_state_digest(root, with_state_dir=True) == before
+    # the first render (identity) validated every later root beside its own (csis_render_prepare_ahead):
+    # the storage and instance-image renders after it found theirs validated and name none
+    flat = " ".join(run.out.split())
+    ahead = re.findall(r"validated ahead with them: ([\w, -]+)", flat)
+    assert len(ahead) == 1, ahead
+    following = {"storage-aws-ebs", "storage-aws-efs", "storage-aws-s3", "instance-image-open-tofu"}
+    assert set(ahead[0].split(", ")) == following, ahead

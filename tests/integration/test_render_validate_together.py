@@ -141,9 +141,18 @@ def test_a_dry_run_validates_the_following_lifecycles_roots_beside_its_own(tmp_p
     instance = service.render(root, ["instance-image"], dry_run=True, prepare_ahead=True)
     assert _commands(instance) == {"solo-tofu": UNCHANGED}
     assert instance["prepared_ahead"] == []  # nothing follows instance-image
-    # a real run never prepares ahead (its init needs the backend, its plan validates), nor does
-    # check mode (it writes nothing)
+    # a second storage dry run: the instance-image root is stamped, so nothing is listed as prepared
+    assert service.render(root, ["storage"], dry_run=True, prepare_ahead=True)["prepared_ahead"] == []
+    # check mode writes nothing; a real run never prepares ahead (its init needs the backend, its
+    # plan validates): the instance-image root keeps only its dry run's stamp
+    stamp = os.path.join(root, ahead["directory"], writer.STAMP)
+    with open(stamp, encoding="utf-8") as fh:
+        dry_stamp = fh.read()
     assert service.render(root, ["storage"], dry_run=True, check_mode=True, prepare_ahead=True)["prepared_ahead"] == []
+    real = service.render(root, ["storage"], dry_run=False, prepare_ahead=True)
+    assert real["prepared_ahead"] == [], real["prepared_ahead"]
+    with open(stamp, encoding="utf-8") as fh:
+        assert fh.read() == dry_stamp
 
 
 def test_a_following_root_that_fails_is_left_to_its_own_run(rendered: Dict[str, Any], tmp_path: Any) -> None:
