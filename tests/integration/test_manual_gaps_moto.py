@@ -79,9 +79,18 @@ def test_runtime_tags_reach_the_volume_and_an_old_style_archive_is_restored(moto
     assert nothing or (plans and all(p == ("0", "0", "0") for p in plans)), tail(res)
 
 
+#: moto's answers to a security group's rules that one re-apply gets past: seen twice in many suite
+#: runs, each on a new group's default egress rule (a revoke finding no rule, an authorize finding it
+#: already there), as when a request the server carried out is sent again; the re-apply converges
+MOTO_SG_RULE_RACE = ("InvalidPermission.Duplicate", "InvalidPermission.NotFound")
+
+
 def _tf(env, cwd, *args):
     proc = subprocess.run(["terraform", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
+    if proc.returncode != 0 and args[:1] == ("apply",) and any(m in proc.stderr for m in MOTO_SG_RULE_RACE):
+        proc = subprocess.run(["terraform", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
     assert proc.returncode == 0, "terraform %s -> %d\n%s\n%s" % (
         " ".join(args), proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])
     return proc
