@@ -106,3 +106,50 @@ def test_lifecycle_configuration_reads_back_as_put(moto_endpoint):
     finally:
         s3.delete_bucket_lifecycle(Bucket=bucket)
         s3.delete_bucket(Bucket=bucket)
+
+
+def test_a_retried_call_is_answered_again_not_carried_out_twice(moto_endpoint):
+    """An AWS SDK retries a call whose answer got lost (same ``amz-sdk-invocation-id``,
+    ``amz-sdk-request: attempt=2``). The endpoint answers the retry of a call it already carried
+    out with that same answer: a second CreateSecurityGroup would otherwise fail as a duplicate
+    (and a second DetachVolume as "not attached"). A first attempt is always carried out, and a
+    retry of a call that failed is carried out again."""
+    import uuid
+
+    def client_sending(invocation, attempt):
+        ec2 = moto_endpoint.client("ec2")
+
+        def headers(request, **_kwargs):
+            request.headers["amz-sdk-invocation-id"] = invocation
+            request.headers["amz-sdk-request"] = "attempt=%d; max=3" % attempt
+
+        ec2.meta.events.register_first("before-send.ec2.*", headers)
+        return ec2
+
+    name = "csis-retry-%s" % uuid.uuid4().hex[:8]
+    invocation = str(uuid.uuid4())
+    first = client_sending(invocation, 1).create_security_group(GroupName=name, Description="retry test",
+                                                                VpcId=moto_endpoint.vpc_id)["GroupId"]
+    again = client_sending(invocation, 2).create_security_group(GroupName=name, Description="retry test",
+                                                                VpcId=moto_endpoint.vpc_id)["GroupId"]
+    assert again == first
+    ec2 = moto_endpoint.client("ec2")
+    assert [g["GroupId"] for g in ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [name]}])["SecurityGroups"]] == [first]
+    # a new call (another invocation) is carried out: moto refuses the duplicate name as AWS does
+    with pytest.raises(Exception, match="Duplicate"):
+        client_sending(str(uuid.uuid4()), 1).create_security_group(GroupName=name, Description="retry test",
+                                                                   VpcId=moto_endpoint.vpc_id)
+    # a retry of a call that failed is carried out again (nothing was answered to replay)
+    failed = str(uuid.uuid4())
+    with pytest.raises(Exception, match="Duplicate"):
+        client_sending(failed, 1).create_security_group(GroupName=name, Description="retry test",
+                                                        VpcId=moto_endpoint.vpc_id)
+    with pytest.raises(Exception, match="Duplicate"):
+        client_sending(failed, 2).create_security_group(GroupName=name, Description="retry test",
+                                                        VpcId=moto_endpoint.vpc_id)
+    ec2.delete_security_group(GroupId=first)
+    with open(os.path.join(moto_endpoint.state_dir, "server.log"), encoding="utf-8") as fh:
+        log = fh.read()
+    assert "local-aws: RETRY CreateSecurityGroup (attempt=2;max=3, invocation %s" % invocation in log
+    assert "the call NOT carried out twice" in log

@@ -81,7 +81,10 @@ def test_runtime_tags_reach_the_volume_and_an_old_style_archive_is_restored(moto
 
 #: moto's answers to a security group's rules that one re-apply gets past: seen twice in many suite
 #: runs, each on a new group's default egress rule (a revoke finding no rule, an authorize finding it
-#: already there), as when a request the server carried out is sent again; the re-apply converges
+#: already there), as when a request the server carried out is sent again. The local endpoint now
+#: answers an SDK's retry of a call it carried out without carrying it out twice (local_aws.py,
+#: AttemptLog; docs/local-endpoint.md); this re-apply stays as a fallback until suite runs show the
+#: endpoint's answer is the whole story (the server log names every retry)
 MOTO_SG_RULE_RACE = ("InvalidPermission.Duplicate", "InvalidPermission.NotFound")
 
 

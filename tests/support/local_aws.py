@@ -587,9 +587,113 @@ def serve(port: int, parent_pid: Optional[int] = None) -> None:
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     applied = apply_moto_patches()
     print("local-aws: moto patches applied: %s" % (", ".join(applied) or "none"), flush=True)
-    from moto.server import main as moto_main
+    try:
+        from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import run_simple
+    except ImportError:  # pragma: no cover - another moto layout: its own server, unlogged
+        from moto.server import main as moto_main
 
-    moto_main(["-H", "127.0.0.1", "-p", str(port)])
+        moto_main(["-H", "127.0.0.1", "-p", str(port)])
+        return
+    os.environ.setdefault("MOTO_PORT", str(port))
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple("127.0.0.1", port, AttemptLog(app), threaded=True, request_handler=MotoRequestHandler)
+
+
+class AttemptLog:
+    """WSGI middleware for the AWS SDKs' retries.
+
+    An AWS SDK sends every attempt of one API call with the same ``amz-sdk-invocation-id`` and
+    counts them in ``amz-sdk-request: attempt=N``. When an answer is lost on its way back (the
+    connection reset after the server carried the request out), the SDK retries the call, and
+    moto would carry it out again: a second ``DetachVolume`` says "not attached", a second
+    ``RevokeSecurityGroupEgress`` "rule not found", and the apply fails on a change that was
+    made. AWS makes no such second change where it matters (idempotency tokens, and answers
+    that do not get lost on a loopback). So a retry of an invocation this server already
+    answered successfully gets that same answer again, without carrying the call out twice.
+
+    Logged (``local-aws:`` lines in the server log, beside werkzeug's request lines, which say
+    only "POST / 400"): every retry, and whether it was replayed; every error answer with the
+    API action it answered."""
+
+    #: the successful answers kept for a retry, newest last
+    KEEP = 4096
+    #: a larger answer (a long listing, not a change) is not kept
+    LARGEST = 256 * 1024
+
+    def __init__(self, app: Any) -> None:
+        import collections
+        import threading
+
+        self.app = app
+        self.answers: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _action(environ: Dict[str, Any]) -> str:
+        import io
+        from urllib.parse import parse_qs
+
+        query = parse_qs(environ.get("QUERY_STRING") or "")
+        if "Action" in query:
+            return query["Action"][0]
+        target = environ.get("HTTP_X_AMZ_TARGET")
+        if target:
+            return str(target)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if environ.get("REQUEST_METHOD") == "POST" and 0 < length <= 1_000_000 and \
+                "form-urlencoded" in (environ.get("CONTENT_TYPE") or ""):
+            body = environ["wsgi.input"].read(length)
+            environ["wsgi.input"] = io.BytesIO(body)
+            form = parse_qs(body.decode("utf-8", "replace"))
+            if "Action" in form:
+                return form["Action"][0]
+        return "%s %s" % (environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+
+    def __call__(self, environ: Dict[str, Any], start_response: Any) -> Any:
+        attempt = (environ.get("HTTP_AMZ_SDK_REQUEST") or "").replace(" ", "")
+        invocation = environ.get("HTTP_AMZ_SDK_INVOCATION_ID") or ""
+        action = self._action(environ)
+        peer = "%s:%s" % (environ.get("REMOTE_ADDR"), environ.get("REMOTE_PORT"))
+        retry = bool(attempt) and not attempt.startswith("attempt=1;")
+        if retry:
+            with self.lock:
+                kept = self.answers.get(invocation) if invocation else None
+            print("local-aws: RETRY %s (%s, invocation %s, from %s): %s"
+                  % (action, attempt, invocation or "-", peer,
+                     "the first answer was %s; sent again, the call NOT carried out twice" % kept[0]
+                     if kept else "no earlier successful answer: carried out"), flush=True)
+            if kept:
+                start_response(kept[0], list(kept[1]))
+                return [kept[2]]
+        answered: Dict[str, Any] = {}
+
+        def answer(status: str, headers: Any, exc_info: Any = None) -> Any:
+            answered["status"], answered["headers"] = status, list(headers)
+            if not status.startswith(("1", "2", "3")) and not (
+                    status.startswith("404") and environ.get("REQUEST_METHOD") in ("GET", "HEAD")):
+                print("local-aws: %s answered %s (%s, invocation %s, from %s)"
+                      % (action, status, attempt or "no attempt header", invocation or "-", peer), flush=True)
+            return start_response(status, headers, exc_info) if exc_info is not None else start_response(status, headers)
+
+        body = self.app(environ, answer)
+        if not invocation or environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            return body
+        # a call that changes something: keep its successful answer for a retry of it
+        try:
+            data = b"".join(body)
+        finally:
+            if hasattr(body, "close"):
+                body.close()
+        if str(answered.get("status", "")).startswith("2") and len(data) <= self.LARGEST:
+            with self.lock:
+                self.answers[invocation] = (answered["status"], answered["headers"], data)
+                while len(self.answers) > self.KEEP:
+                    self.answers.popitem(last=False)
+        return [data]
 
 
 # -- command line ----------------------------------------------------------------------
