@@ -682,7 +682,8 @@ class AttemptLog:
         body = self.app(environ, answer)
         if not invocation or environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
             return body
-        # a call that changes something: keep its successful answer for a retry of it
+        # every successful answer to a call with an invocation id (the query and JSON protocols
+        # send reads as POST too, and a replayed read is as right as the first), for a retry of it
         try:
             data = b"".join(body)
         finally:
