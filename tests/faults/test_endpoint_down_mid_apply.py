@@ -26,7 +26,6 @@ creates and records the volume, and meta-state then matches reality.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -36,8 +35,6 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import e2e  # noqa: E402
 import local_aws  # noqa: E402
-
-from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env  # noqa: E402
 
 pytestmark = e2e.needs_terraform()
 
@@ -112,8 +109,7 @@ def test_endpoint_stopped_mid_apply(private_endpoint, tmp_path):
         assert "terraform plan failed" not in refused.out and "Plan: " not in refused.out, refused.tail()
         assert e2e.meta_state_digest(root) == before
         # what the message says to do (the endpoint lost the volume: the plan will see it gone)
-        subprocess.run(["terraform", "state", "push", "errored.tfstate"], cwd=root_dir, check=True,
-                       capture_output=True, env=terraform_env(e2e.run_env(env)))
+        e2e.terraform_in(root_dir, env, "state", "push", "errored.tfstate")
         os.unlink(errored)
     again = e2e.run_playbook("storage.yml", root, env, overlays=ovl, log=str(tmp_path / "back.log"))
     assert again.rc == 0, again.tail()

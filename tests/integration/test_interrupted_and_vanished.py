@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -60,13 +59,6 @@ def tainted(state):
         base = ".".join(x for x in (r.get("module"), r.get("type"), r.get("name")) if x)
         out += [base for i in r.get("instances") or [] if i.get("status") == "tainted"]
     return out
-
-
-def tf_env(ep):
-    sys.path.insert(0, os.path.join(e2e.REPO, ".venv", "collections"))
-    from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
-
-    return terraform_env(e2e.run_env(ep.env))
 
 
 def lock_objects(ep, key):
@@ -126,8 +118,7 @@ def test_killed_run_does_not_leave_terraform_applying(tree, moto_endpoint):
         assert refused.rc != 0
         assert "DESTROY NOT WHITELISTED: %s" % address in refused.out, refused.tail()
         assert "p1" not in records(tree.root)
-        subprocess.run(["terraform", "untaint", address], cwd=tree.root_dir, check=True, capture_output=True,
-                       env=tf_env(ep))
+        e2e.terraform_in(tree.root_dir, ep.env, "untaint", address)
 
     rerun = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("after-kill.log"))
     assert rerun.rc == 0, rerun.tail()
@@ -214,8 +205,7 @@ def test_gate_refuses_to_create_a_recorded_storage(tree, moto_endpoint):
     creates the recorded storage again, and the gate refuses it."""
     ep = moto_endpoint
     address = "module.storage_p1.aws_ebs_volume.this"
-    subprocess.run(["terraform", "state", "rm", address], cwd=tree.root_dir, check=True, capture_output=True,
-                   env=tf_env(ep))
+    e2e.terraform_in(tree.root_dir, ep.env, "state", "rm", address)
     before, vols = e2e.meta_state_digest(tree.root), all_volume_ids(ep, tree)
     run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("state-lost.log"))
     assert run.rc != 0

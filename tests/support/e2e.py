@@ -407,14 +407,24 @@ def changed_tasks(out: str) -> List[str]:
     return found
 
 
-def tf_state_pull(root_dir: str, endpoint_env: Mapping[str, str]) -> Dict[str, Any]:
-    """``terraform state pull`` of a rendered root (already initialised by a run)."""
+def terraform_in(root_dir: str, endpoint_env: Mapping[str, str], *args: str) -> str:
+    """Run ``terraform <args>`` in a rendered root (already initialised by a run) against the
+    endpoint, with the environment the collection gives terraform; its stdout. A failure raises
+    with terraform's own message."""
     import sys
     sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
     from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
-    res = subprocess.run(["terraform", "state", "pull"], cwd=root_dir, env=terraform_env(run_env(endpoint_env)),
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout or "{}")
+    res = subprocess.run(["terraform", *args], cwd=root_dir, env=terraform_env(run_env(endpoint_env)),
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise AssertionError("terraform %s in %s failed (exit %d): %s"
+                             % (" ".join(args), root_dir, res.returncode, res.stderr.strip()[-2000:]))
+    return res.stdout
+
+
+def tf_state_pull(root_dir: str, endpoint_env: Mapping[str, str]) -> Dict[str, Any]:
+    """``terraform state pull`` of a rendered root (already initialised by a run)."""
+    return json.loads(terraform_in(root_dir, endpoint_env, "state", "pull") or "{}")
 
 
 def state_ids(state: Mapping[str, Any], rtype: str) -> List[str]:

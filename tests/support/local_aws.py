@@ -628,6 +628,14 @@ class AttemptLog:
         self.app = app
         self.answers: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
         self.lock = threading.Lock()
+        self.say_lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        """One whole line in the server log: print() writes the text and its newline apart, so
+        the request threads' lines ran into each other (and into werkzeug's request lines)."""
+        with self.say_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
     @staticmethod
     def _action(environ: Dict[str, Any]) -> str:
@@ -662,10 +670,10 @@ class AttemptLog:
         if retry:
             with self.lock:
                 kept = self.answers.get(invocation) if invocation else None
-            print("local-aws: RETRY %s (%s, invocation %s, from %s): %s"
-                  % (action, attempt, invocation or "-", peer,
-                     "the first answer was %s; sent again, the call NOT carried out twice" % kept[0]
-                     if kept else "no earlier successful answer: carried out"), flush=True)
+            self.say("local-aws: RETRY %s (%s, invocation %s, from %s): %s"
+                     % (action, attempt, invocation or "-", peer,
+                        "the first answer was %s; sent again, the call NOT carried out twice" % kept[0]
+                        if kept else "no earlier successful answer: carried out"))
             if kept:
                 start_response(kept[0], list(kept[1]))
                 return [kept[2]]
@@ -675,8 +683,8 @@ class AttemptLog:
             answered["status"], answered["headers"] = status, list(headers)
             if not status.startswith(("1", "2", "3")) and not (
                     status.startswith("404") and environ.get("REQUEST_METHOD") in ("GET", "HEAD")):
-                print("local-aws: %s answered %s (%s, invocation %s, from %s)"
-                      % (action, status, attempt or "no attempt header", invocation or "-", peer), flush=True)
+                self.say("local-aws: %s answered %s (%s, invocation %s, from %s)"
+                         % (action, status, attempt or "no attempt header", invocation or "-", peer))
             return start_response(status, headers, exc_info) if exc_info is not None else start_response(status, headers)
 
         body = self.app(environ, answer)
