@@ -23,7 +23,10 @@ runs the N bare sequences all at once (N terraform processes on the same cores, 
 runs the N roots) and prints the playbook's ratio to that: what the playbook adds to terraform's
 own time for N roots on this machine, serialisation included.
 
-Usage: .venv/bin/python benchmarks/lifecycle_overhead.py [--keep DIR] [--roots N]
+``--repeat N`` (one root): the whole comparison N times, each on a new tree and its own state keys,
+then each run's ratios and their median: one run moves by about a tenth between runs.
+
+Usage: .venv/bin/python benchmarks/lifecycle_overhead.py [--keep DIR] [--roots N | --repeat N]
 """
 from __future__ import annotations
 
@@ -32,11 +35,12 @@ import concurrent.futures
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
@@ -116,6 +120,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--keep", help="work in this directory and keep it (default: a temporary one, removed)")
     ap.add_argument("--roots", type=int, default=1, help="storage roots (EBS builders, one volume each); default 1")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="one root: run the whole comparison N times, each on a new tree, and print the median "
+                         "ratio (one run moves by a tenth between runs on a busy machine); default 1")
     args = ap.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="csis-lifecycle-bench-")
     os.makedirs(work, exist_ok=True)
@@ -124,45 +131,66 @@ def main() -> int:
     try:
         la.seed()
         ep_env = la.env(rec["url"])
-        root = e2e.make_ebs_tree(work, "bench-playbook")
         overlays = [la.overlay_path, e2e.APPLY_ALL]
-        rows: List[Tuple[str, float, str]] = []
         if args.roots > 1:
+            root = e2e.make_ebs_tree(work, "bench-playbook")
             return many_roots(root, ep_env, overlays, work, add_builders(root, args.roots))
-
-        run = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "create.log"))
-        if run.rc != 0:
-            raise SystemExit("playbook run failed:\n" + run.tail())
-        rows.append(("playbook, create", run.seconds, "; ".join(slowest_tasks(run.out, 4))))
-
-        # the same rendered root, copied next to it (same depth: module sources resolve), own state key
-        dst = bare_copy(root, "aws-ebs", "statefiles/bench-playbook/", "statefiles/bench-bare/")
-        # with the root's endpoint environment, as csis.infra's own runs (docs/terraform.md)
-        tf_env = terraform_env(e2e.run_env(ep_env), root=dst)
-        b = bare(dst, tf_env)
-        rows.append(("bare, create", sum(s for _step, s in b), ", ".join("%s %.1fs" % x for x in b)))
-
-        run2 = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=os.path.join(work, "noop.log"))
-        if run2.rc != 0:
-            raise SystemExit("playbook re-run failed:\n" + run2.tail())
-        rows.append(("playbook, no-op", run2.seconds, "; ".join(slowest_tasks(run2.out, 4))))
-        b2 = bare(dst, tf_env)
-        rows.append(("bare, no-op", sum(s for _step, s in b2), ", ".join("%s %.1fs" % x for x in b2)))
+        runs = [one_root(work, ep_env, overlays, i if args.repeat > 1 else None) for i in range(1, args.repeat + 1)]
     finally:
         la.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    print("| run | wall (s) | where the time goes |")
-    print("|---|---:|---|")
-    for name, secs, note in rows:
-        print("| %s | %.1f | %s |" % (name, secs, note))
-    t = {name: secs for name, secs, _note in rows}
-    for kind in ("create", "no-op"):
-        over = t["playbook, %s" % kind] - t["bare, %s" % kind]
-        print("overhead (%s): %.1f s (%.2fx the bare terraform commands; target <= 1.3x)"
-              % (kind, over, t["playbook, %s" % kind] / max(t["bare, %s" % kind], 1e-9)))
+    ratios: Dict[str, List[float]] = {"create": [], "no-op": []}
+    for i, rows in enumerate(runs, start=1):
+        if len(runs) > 1:
+            print("\nrun %d of %d" % (i, len(runs)))
+        print("| run | wall (s) | where the time goes |")
+        print("|---|---:|---|")
+        for name, secs, note in rows:
+            print("| %s | %.1f | %s |" % (name, secs, note))
+        t = {name: secs for name, secs, _note in rows}
+        for kind in ("create", "no-op"):
+            over = t["playbook, %s" % kind] - t["bare, %s" % kind]
+            ratios[kind].append(t["playbook, %s" % kind] / max(t["bare, %s" % kind], 1e-9))
+            print("overhead (%s): %.1f s (%.2fx the bare terraform commands; target <= 1.3x)"
+                  % (kind, over, ratios[kind][-1]))
+    if len(runs) > 1:
+        print()
+        for kind in ("create", "no-op"):
+            print("%s, %d runs: %s; median %.2fx (target <= 1.3x)"
+                  % (kind, len(runs), ", ".join("%.2fx" % r for r in ratios[kind]), statistics.median(ratios[kind])))
     return 0
+
+
+def one_root(work: str, ep_env: Dict[str, str], overlays: List[str], n: Optional[int]) -> List[Tuple[str, float, str]]:
+    """Target 1 once: a new one-EBS tree's create and no-op through the playbook, and the bare
+    commands on a copy of its rendered root ([(run, seconds, note)]). ``n``: the repetition,
+    which names the tree and its state keys (a repetition creates its own volumes)."""
+    suffix = "" if n is None else "-%d" % n
+    root = e2e.make_ebs_tree(work, "bench-playbook%s" % suffix, name="examples%s" % suffix)
+    rows: List[Tuple[str, float, str]] = []
+    log = os.path.join(work, "create%s.log" % suffix)
+    run = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays, log=log)
+    if run.rc != 0:
+        raise SystemExit("playbook run failed:\n" + run.tail())
+    rows.append(("playbook, create", run.seconds, "; ".join(slowest_tasks(run.out, 4))))
+
+    # the same rendered root, copied next to it (same depth: module sources resolve), own state key
+    dst = bare_copy(root, "aws-ebs", "statefiles/bench-playbook%s/" % suffix, "statefiles/bench-bare%s/" % suffix)
+    # with the root's endpoint environment, as csis.infra's own runs (docs/terraform.md)
+    tf_env = terraform_env(e2e.run_env(ep_env), root=dst)
+    b = bare(dst, tf_env)
+    rows.append(("bare, create", sum(s for _step, s in b), ", ".join("%s %.1fs" % x for x in b)))
+
+    run2 = e2e.run_playbook("storage.yml", root, ep_env, overlays=overlays,
+                            log=os.path.join(work, "noop%s.log" % suffix))
+    if run2.rc != 0:
+        raise SystemExit("playbook re-run failed:\n" + run2.tail())
+    rows.append(("playbook, no-op", run2.seconds, "; ".join(slowest_tasks(run2.out, 4))))
+    b2 = bare(dst, tf_env)
+    rows.append(("bare, no-op", sum(s for _step, s in b2), ", ".join("%s %.1fs" % x for x in b2)))
+    return rows
 
 
 def many_roots(root: str, ep_env: Dict[str, str], overlays: List[str], work: str, builders: List[str]) -> int:
