@@ -124,6 +124,8 @@ def main() -> int:
                     help="one root: run the whole comparison N times, each on a new tree, and print the median "
                          "ratio (one run moves by a tenth between runs on a busy machine); default 1")
     args = ap.parse_args()
+    if args.repeat < 1 or (args.repeat > 1 and args.roots > 1):
+        ap.error("--repeat N takes N >= 1, and only with one root (--roots 1)")
     work = args.keep or tempfile.mkdtemp(prefix="csis-lifecycle-bench-")
     os.makedirs(work, exist_ok=True)
     la = local_aws.LocalAws(os.path.join(work, "aws"))
