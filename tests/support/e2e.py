@@ -409,12 +409,13 @@ def changed_tasks(out: str) -> List[str]:
 
 def terraform_in(root_dir: str, endpoint_env: Mapping[str, str], *args: str) -> str:
     """Run ``terraform <args>`` in a rendered root (already initialised by a run) against the
-    endpoint, with the environment the collection gives terraform; its stdout. A failure raises
-    with terraform's own message."""
+    endpoint, with the environment the collection gives terraform there (``terraform.run``'s:
+    the CLI configuration and the root's endpoint environment; its whole stdout, which
+    ``terraform.run`` cuts to its last 4000 characters). A failure raises with terraform's own message."""
     import sys
     sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
     from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
-    res = subprocess.run(["terraform", *args], cwd=root_dir, env=terraform_env(run_env(endpoint_env)),
+    res = subprocess.run(["terraform", *args], cwd=root_dir, env=terraform_env(run_env(endpoint_env), root=root_dir),
                          capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise AssertionError("terraform %s in %s failed (exit %d): %s"
