@@ -78,6 +78,12 @@ def bare(root_dir: str, env: Dict[str, str]) -> List[Tuple[str, float]]:
     return out
 
 
+def bare_env(ep_env: Dict[str, str], root_dir: str) -> Dict[str, str]:
+    """The bare commands' environment: the root's endpoint environment, as csis.infra's own runs
+    give terraform (docs/terraform.md)."""
+    return terraform_env(e2e.run_env(ep_env), root=root_dir)
+
+
 def add_builders(root: str, n: int) -> List[str]:
     """N EBS storage builders (aws-ebs, aws-ebs-2 ... aws-ebs-N), one volume each: N roots."""
     builders_path = os.path.join(root, "cfg", "storage-builders.yml")
@@ -180,8 +186,7 @@ def one_root(work: str, ep_env: Dict[str, str], overlays: List[str], n: Optional
 
     # the same rendered root, copied next to it (same depth: module sources resolve), own state key
     dst = bare_copy(root, "aws-ebs", "statefiles/bench-playbook%s/" % suffix, "statefiles/bench-bare%s/" % suffix)
-    # with the root's endpoint environment, as csis.infra's own runs (docs/terraform.md)
-    tf_env = terraform_env(e2e.run_env(ep_env), root=dst)
+    tf_env = bare_env(ep_env, dst)
     b = bare(dst, tf_env)
     rows.append(("bare, create", sum(s for _step, s in b), ", ".join("%s %.1fs" % x for x in b)))
 
@@ -206,7 +211,7 @@ def many_roots(root: str, ep_env: Dict[str, str], overlays: List[str], work: str
     bare_rows = {"create": [], "no-op": []}
     for builder in builders:
         dst = bare_copy(root, builder, "statefiles/bench-playbook/", "statefiles/bench-bare-%s/" % builder)
-        tf_env = terraform_env(e2e.run_env(ep_env), root=dst)
+        tf_env = bare_env(ep_env, dst)
         for kind in ("create", "no-op"):
             steps = bare(dst, tf_env)
             bare_rows[kind].append((builder, sum(s for _step, s in steps)))
@@ -219,7 +224,7 @@ def many_roots(root: str, ep_env: Dict[str, str], overlays: List[str], work: str
     for kind in ("create", "no-op"):
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(dsts)) as pool:
-            list(pool.map(lambda d: bare(d, terraform_env(e2e.run_env(ep_env), root=d)), dsts))
+            list(pool.map(lambda d: bare(d, bare_env(ep_env, d)), dsts))
         together[kind] = time.monotonic() - t0
     print("| run | wall (s) | notes |")
     print("|---|---:|---|")
