@@ -12,6 +12,8 @@ import sys
 import pytest
 import yaml
 
+import local_aws  # tests/support, on the path by tests/conftest.py
+
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -153,3 +155,30 @@ def test_a_retried_call_is_answered_again_not_carried_out_twice(moto_endpoint):
         log = fh.read()
     assert "local-aws: RETRY CreateSecurityGroup (attempt=2;max=3, invocation %s" % invocation in log
     assert "the call NOT carried out twice" in log
+
+
+def test_the_endpoint_writes_each_log_line_whole(monkeypatch):
+    """The request threads share the server log: each ``local-aws:`` line is one write of the
+    whole line (print() wrote the text and its newline apart, and lines ran into each other)."""
+    import threading
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    log = local_aws.AttemptLog(app=None)
+    threads = [threading.Thread(target=lambda i=i: [log.say("local-aws: line %d.%d" % (i, k)) for k in range(50)])
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writes) == 400
+    assert all(w.startswith("local-aws: line ") and w.endswith("\n") and w.count("\n") == 1 for w in writes)
