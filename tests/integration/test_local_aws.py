@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
@@ -160,8 +161,6 @@ def test_a_retried_call_is_answered_again_not_carried_out_twice(moto_endpoint):
 def test_the_endpoint_writes_each_log_line_whole(monkeypatch):
     """The request threads share the server log: each ``local-aws:`` line is one write of the
     whole line (print() wrote the text and its newline apart, and lines ran into each other)."""
-    import threading
-
     writes = []
 
     class Recorder:

@@ -412,8 +412,7 @@ def terraform_in(root_dir: str, endpoint_env: Mapping[str, str], *args: str) -> 
     endpoint, with the environment the collection gives terraform there (``terraform.run``'s:
     the CLI configuration and the root's endpoint environment; its whole stdout, which
     ``terraform.run`` cuts to its last 4000 characters). A failure raises with terraform's own message."""
-    import sys
-    sys.path.insert(0, os.path.join(REPO, ".venv", "collections"))
+    # tests/conftest.py put the collection on sys.path; imported here so this module loads without it
     from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import terraform_env
     res = subprocess.run(["terraform", *args], cwd=root_dir, env=terraform_env(run_env(endpoint_env), root=root_dir),
                          capture_output=True, text=True, check=False)
