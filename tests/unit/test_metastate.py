@@ -382,6 +382,78 @@ def test_readers_only_see_whole_files(tmp_path):
     assert errors == []
 
 
+def _paused_commit(ms: MetaState, data: dict, after: int):
+    """A writer thread whose commit stops after ``after`` record deletions until ``go`` is set:
+    (thread, mid (set once it stopped), go)."""
+    mid, go = threading.Event(), threading.Event()
+    real_delete, done = ms.objects.delete, []
+
+    def delete(rel, expect=None):
+        real_delete(rel, expect)
+        done.append(rel)
+        if len(done) == after:
+            mid.set()
+            assert go.wait(30)
+
+    ms.objects.delete = delete
+
+    def write():
+        with ms.transaction("paused writer") as txn:
+            txn.save("launch-params.yaml", data)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    assert mid.wait(30)
+    return thread, go
+
+
+def test_a_read_whose_writer_ends_before_the_lock_is_looked_at_is_read_again(tmp_path):
+    # the reader reads between the marker and the next revision (half the records deleted), then
+    # the writer ends before the reader asks whether a lock is held: a free lock with the marker
+    # gone is a commit that ended, not one that crashed, so the reader must read again
+    ms = _ms(tmp_path)
+    big = {"instances": {"n%04d" % i: {"launched": True} for i in range(40)}}
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", big)
+    thread, go = _paused_commit(ms, {"instances": {"only": {"launched": True}}}, after=20)
+    reader = MetaState(ms.config_root)
+    real_held, looked = reader.objects.lock_held, []
+
+    def lock_held(*args):
+        if not looked:
+            looked.append(True)
+            go.set()
+            thread.join(30)  # the commit ends and its lock is released before we look
+        return real_held(*args)
+
+    reader.objects.lock_held = lock_held
+    try:
+        assert sorted(reader.load("launch-params.yaml")["instances"]) == ["only"]
+    finally:
+        go.set()
+        thread.join(30)
+    assert looked  # the reader did fall between the marker and the next revision
+
+
+def test_a_read_never_returns_half_a_commit_that_does_not_end(tmp_path):
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", {"instances": {"n%04d" % i: {"launched": True} for i in range(10)}})
+    thread, go = _paused_commit(ms, {"instances": {}}, after=5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(MetaStateError, match=r"^meta-state/revision\.yaml: a commit kept changing meta-state "
+                                                 r"for \d+ s while it was read, so no whole view could be read "
+                                                 r"\(nothing is returned half-written\); try again once the writer "
+                                                 r"\(.*paused writer.*\) is done$"):
+            MetaState(ms.config_root, lock_timeout=1).load("launch-params.yaml")
+        assert time.monotonic() - started >= 1
+    finally:
+        go.set()
+        thread.join(30)
+    assert MetaState(ms.config_root).load("launch-params.yaml")["instances"] == {}
+
+
 # ---------------------------------------------------------------------------
 # locking (real processes)
 # ---------------------------------------------------------------------------

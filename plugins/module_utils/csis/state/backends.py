@@ -329,11 +329,13 @@ class LocalObjects:
         return lock
 
     @contextlib.contextmanager
-    def read_barrier(self, timeout: float, held: bool) -> Iterator[None]:
+    def read_barrier(self, timeout: float, held: bool) -> Iterator[bool]:
         """A shared ``flock`` on the lock file: no transaction commits while it is held (a
-        lock-free read can fall between two objects of one commit). Best effort: a tree whose
-        lock file cannot be opened or locked (read-only, this thread's transaction) is read as it is."""
+        lock-free read can fall between two objects of one commit). Yields whether it is held.
+        Best effort: a tree whose lock file cannot be opened or locked within ``timeout`` (at
+        most 30 s; read-only, this thread's own transaction) is read as it is."""
         fd: Optional[int] = None
+        shared = False
         if not held:
             try:
                 fd = os.open(os.path.join(self.dir, LOCK_NAME), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -345,13 +347,14 @@ class LocalObjects:
                 while True:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                        shared = True
                         break
                     except OSError as exc:
                         if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) \
                                 or time.monotonic() >= deadline:
                             break
                     time.sleep(0.05)
-            yield
+            yield shared
         finally:
             if fd is not None:
                 os.close(fd)
@@ -630,9 +633,9 @@ class S3Objects:
         return lock
 
     @contextlib.contextmanager
-    def read_barrier(self, timeout: float, held: bool) -> Iterator[None]:
-        """No shared lock in S3: the second look is simply a fresh read."""
-        yield
+    def read_barrier(self, timeout: float, held: bool) -> Iterator[bool]:
+        """No shared lock in S3: the second look is simply a fresh read (yields False: not held)."""
+        yield False
 
     def lock_held(self) -> bool:
         """Whether a lock object exists that has not expired."""

@@ -69,7 +69,7 @@ from ..config.names import NAME_RE
 from ..fsutil import write_atomic
 from ..yamlio import VALUE_ERRORS, meta_dumper, meta_loader, shape_problem, yaml
 from .backends import (ABSENT, LOCK_NAME, META_STATE_DIR, Conflict, FileLock, LocalObjects, MetaStateError, NotWritable,
-                       default_what, immutable, lock_timeout_default, now_iso, open_objects, who)
+                       default_what, holder_text, immutable, lock_timeout_default, now_iso, open_objects, who)
 
 __all__ = [
     "FILES",
@@ -911,26 +911,49 @@ class MetaState:
         """``read()`` while no commit runs: the revision object is read before and after, and only
         a read between two identical revision objects that are not a commit's marker is returned
         (a commit replaces it by its marker before its first record and by the next revision after
-        its last). Otherwise it waits for the writer (locally: a shared lock; S3: backoff) and reads
-        again. A marker left by a crashed commit whose lock is gone is read through (its objects
-        are each whole, some new, some old); after ``lock_timeout`` (at most 60 s) the last read is returned."""
+        its last). Otherwise it waits for the writer and reads again: locally under a shared lock
+        (no commit can run while it is held, so that read is whole), on S3 after a backoff. A
+        marker left by a crashed commit is read through (its objects are each whole, some new, some
+        old) once no lock is held *and* the marker is still there afterwards: a live writer that
+        finished meanwhile has replaced it. A read that is still not whole after ``lock_timeout``
+        (at most 60 s) is never returned: :class:`MetaStateError` says a commit kept running."""
         if self._held():
             return read()
-        deadline = time.monotonic() + min(self.lock_timeout, 60.0)
+        started = time.monotonic()
+        deadline = started + min(self.lock_timeout, 60.0)
         delay = 0.02
+        local = self.objects.kind == "local"
         while True:
             before = self.objects.get(REVISION)[0]
             result = read()
             after = self.objects.get(REVISION)[0]
-            if before == after and (not _committing(after) or not self.objects.lock_held()):
-                return result
+            if before == after:
+                if not _committing(after):
+                    return result
+                # the lock first, then the marker again: a writer that ended between our last look
+                # and the lock's release has already replaced its marker by the next revision
+                if not self.objects.lock_held() and self.objects.get(REVISION)[0] == after:
+                    return result
+            if local:
+                # a short wait, then an optimistic look again (between two commits the view is whole)
+                with self.objects.read_barrier(min(1.0, max(0.0, deadline - time.monotonic())), False) as shared:
+                    if shared:
+                        return read()  # no commit runs while the shared lock is held
             if time.monotonic() >= deadline:
-                return result
-            if self.objects.kind == "local":
-                with self.objects.read_barrier(max(0.0, deadline - time.monotonic()), False):
-                    pass  # the writer is done once the shared lock is had
+                raise MetaStateError(
+                    "%s: a commit kept changing meta-state for %.0f s while it was read, so no whole view "
+                    "could be read (nothing is returned half-written); try again once the writer (%s) is "
+                    "done" % (self._label_of(REVISION), time.monotonic() - started, self._writer()))
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _writer(self) -> str:
+        """Who holds the transaction lock, as a message names it (best effort)."""
+        try:
+            raw = self.objects.get(LOCK_NAME)[0]
+            return holder_text(json.loads(raw.decode("utf-8"))) if raw else "unknown"
+        except (MetaStateError, ValueError, TypeError, AttributeError, UnicodeDecodeError):
+            return "unknown"
 
     def _read_checked(self, name: str) -> _Read:
         read = self._stable(lambda: self._read_file(name))
