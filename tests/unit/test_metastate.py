@@ -442,10 +442,11 @@ def test_a_read_never_returns_half_a_commit_that_does_not_end(tmp_path):
     thread, go = _paused_commit(ms, {"instances": {}}, after=5)
     try:
         started = time.monotonic()
-        with pytest.raises(MetaStateError, match=r"^meta-state/revision\.yaml: a commit kept changing meta-state "
-                                                 r"for \d+ s while it was read, so no whole view could be read "
-                                                 r"\(nothing is returned half-written\); try again once the writer "
-                                                 r"\(.*paused writer.*\) is done$"):
+        with pytest.raises(MetaStateError, match=r"^meta-state/revision\.yaml: a commit was in progress for all "
+                                                 r"of the \d+ s this read waited \(writer: .*paused writer.*\), so "
+                                                 r"no whole view could be read and nothing half-written is returned; "
+                                                 r"try again once it is done \(the lock of a killed writer frees "
+                                                 r"itself\)$"):
             MetaState(ms.config_root, lock_timeout=1).load("launch-params.yaml")
         assert time.monotonic() - started >= 1
     finally:

@@ -916,7 +916,7 @@ class MetaState:
         marker left by a crashed commit is read through (its objects are each whole, some new, some
         old) once no lock is held *and* the marker is still there afterwards: a live writer that
         finished meanwhile has replaced it. A read that is still not whole after ``lock_timeout``
-        (at most 60 s) is never returned: :class:`MetaStateError` says a commit kept running."""
+        (at most 60 s) is never returned: :class:`MetaStateError` says a commit is in progress."""
         if self._held():
             return read()
         started = time.monotonic()
@@ -941,9 +941,10 @@ class MetaState:
                         return read()  # no commit runs while the shared lock is held
             if time.monotonic() >= deadline:
                 raise MetaStateError(
-                    "%s: a commit kept changing meta-state for %.0f s while it was read, so no whole view "
-                    "could be read (nothing is returned half-written); try again once the writer (%s) is "
-                    "done" % (self._label_of(REVISION), time.monotonic() - started, self._writer()))
+                    "%s: a commit was in progress for all of the %.0f s this read waited (writer: %s), so no "
+                    "whole view could be read and nothing half-written is returned; try again once it is done "
+                    "(the lock of a killed writer frees itself)"
+                    % (self._label_of(REVISION), time.monotonic() - started, self._writer()))
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
