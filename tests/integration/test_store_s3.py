@@ -23,6 +23,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import
     Conflict, MetaState, MetaStateError, audit_trail, launched_instances, record_at)
 
 import local_aws  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
+from store_faults import paused_commit  # noqa: E402  (tests/support)
 
 pytestmark = pytest.mark.integration
 
@@ -245,6 +246,36 @@ def test_an_s3_object_cut_short_is_refused_naming_it(checkouts, moto_endpoint):
     with pytest.raises(MetaStateError, match=r"^s3://%s/%s/meta-state/launch-params/web.yaml: is incomplete"
                        % (local_aws.STATE_BUCKET, checkouts.prefix)):
         ms.load(LP)
+
+
+def test_a_reader_in_another_checkout_never_returns_half_a_commit(checkouts):
+    """Checkout B reads while A's commit is stopped between its marker and its next revision:
+    a commit that ends before B looks at the lock is read again (not taken for a crashed one),
+    and one that does not end fails B's read after its timeout instead of being returned."""
+    a = MetaState(str(checkouts("a")))
+    with a.transaction() as txn:
+        txn.save(LP, {"instances": {"n%02d" % i: _launch() for i in range(12)}})
+    thread, go = paused_commit(a, {"instances": {"only": _launch()}}, after=6)
+    b = MetaState(str(checkouts("b")), lock_timeout=1)
+    try:
+        with pytest.raises(MetaStateError, match=r"^s3://.*/meta-state/revision\.yaml: a commit was in progress "
+                                                 r"for all of the \d+ s this read waited \(writer: .*paused writer"):
+            b.load(LP)
+        real_held, looked = b.objects.lock_held, []
+
+        def lock_held():
+            if not looked:
+                looked.append(True)
+                go.set()
+                thread.join(60)  # A's commit ends and its lock is removed before B looks
+            return real_held()
+
+        b.objects.lock_held = lock_held
+        assert sorted(b.load(LP)["instances"]) == ["only"]
+        assert looked
+    finally:
+        go.set()
+        thread.join(60)
 
 
 def test_the_inventory_plugin_lists_what_another_checkout_recorded(checkouts, aws_env, tmp_path):

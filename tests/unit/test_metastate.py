@@ -26,6 +26,8 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (  # noqa: E402
     HEADER, MetaState, MetaStateError, launched_instances)
 
+from store_faults import paused_commit  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
+
 
 def _ms(tmp_path: Path, **kw) -> MetaState:
     return MetaState(str(tmp_path / "cfg"), **kw)
@@ -382,31 +384,6 @@ def test_readers_only_see_whole_files(tmp_path):
     assert errors == []
 
 
-def _paused_commit(ms: MetaState, data: dict, after: int):
-    """A writer thread whose commit stops after ``after`` record deletions until ``go`` is set:
-    (thread, mid (set once it stopped), go)."""
-    mid, go = threading.Event(), threading.Event()
-    real_delete, done = ms.objects.delete, []
-
-    def delete(rel, expect=None):
-        real_delete(rel, expect)
-        done.append(rel)
-        if len(done) == after:
-            mid.set()
-            assert go.wait(30)
-
-    ms.objects.delete = delete
-
-    def write():
-        with ms.transaction("paused writer") as txn:
-            txn.save("launch-params.yaml", data)
-
-    thread = threading.Thread(target=write)
-    thread.start()
-    assert mid.wait(30)
-    return thread, go
-
-
 def test_a_read_whose_writer_ends_before_the_lock_is_looked_at_is_read_again(tmp_path):
     # the reader reads between the marker and the next revision (half the records deleted), then
     # the writer ends before the reader asks whether a lock is held: a free lock with the marker
@@ -415,7 +392,7 @@ def test_a_read_whose_writer_ends_before_the_lock_is_looked_at_is_read_again(tmp
     big = {"instances": {"n%04d" % i: {"launched": True} for i in range(40)}}
     with ms.transaction() as txn:
         txn.save("launch-params.yaml", big)
-    thread, go = _paused_commit(ms, {"instances": {"only": {"launched": True}}}, after=20)
+    thread, go = paused_commit(ms, {"instances": {"only": {"launched": True}}}, after=20)
     reader = MetaState(ms.config_root)
     real_held, looked = reader.objects.lock_held, []
 
@@ -439,7 +416,7 @@ def test_a_read_never_returns_half_a_commit_that_does_not_end(tmp_path):
     ms = _ms(tmp_path)
     with ms.transaction() as txn:
         txn.save("launch-params.yaml", {"instances": {"n%04d" % i: {"launched": True} for i in range(10)}})
-    thread, go = _paused_commit(ms, {"instances": {}}, after=5)
+    thread, go = paused_commit(ms, {"instances": {}}, after=5)
     try:
         started = time.monotonic()
         with pytest.raises(MetaStateError, match=r"^meta-state/revision\.yaml: a commit was in progress for all "
