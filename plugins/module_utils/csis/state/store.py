@@ -14,7 +14,9 @@ This module is the one place meta-state is read and written (docs/meta-state.md)
   the per-record layout (``launch-params.yaml`` itself) is read as it is while it exists, and
   the first transaction that writes it migrates it (its records written, then it is removed).
 * **Reads** (:meth:`MetaState.load`) take no lock. Every object is replaced atomically, so a
-  reader sees an old or a new object, never half of one. A record is parsed once per version
+  reader sees an old or a new object, never half of one; and a reader that fell inside a commit
+  reads again (:meth:`MetaState._stable`), so it never returns some of a commit's objects new
+  and others old (unless that commit crashed). A record is parsed once per version
   (file identity/size/times, S3 ETag): readers keep what they parsed in memory and, from
   :data:`CACHE_MIN` records up, in a cache file (:func:`~.backends.cache_home`).
 * **Writes** happen only inside :meth:`MetaState.transaction`, under the store's lock (local:
