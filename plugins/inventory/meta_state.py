@@ -172,7 +172,9 @@ notes:
   - A launched instance without a recorded generation is listed with a null
     C(csis_instance_id) and C(csis_private_ip).
   - Reads take no lock; meta-state files are replaced atomically, so a source read
-    while a run writes sees whole files.
+    while a run writes sees whole files. A source read during a commit reads again once it is
+    done, never some of its records new and others old; one that cannot within the lock timeout
+    (at most 60 s) fails naming the writer.
   - A damaged record (cut short, not YAML, the wrong shape) fails the source naming its file or
     S3 object; nothing is skipped silently.
 seealso:
