@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 """The S3 meta-state store (issue 10) against the session's moto server: two checkouts that
 share only the endpoint, a waiting second writer, a SIGKILLed holder's lock broken once it
-expired, a lost update refused, the migration of a checkout's local meta-state, and the
-inventory plugin listing what the other checkout recorded. boto3 only: no terraform."""
+expired, a lost update refused, the migration of a checkout's local meta-state, a reader in one
+checkout never returning half of the other's commit, and the inventory plugin listing what the
+other checkout recorded. boto3 only: no terraform."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import
     Conflict, MetaState, MetaStateError, audit_trail, launched_instances, record_at)
 
 import local_aws  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
-from store_faults import paused_commit  # noqa: E402  (tests/support)
+from store_faults import ends_before_lock_check, paused_commit  # noqa: E402  (tests/support)
 
 pytestmark = pytest.mark.integration
 
@@ -261,16 +262,7 @@ def test_a_reader_in_another_checkout_never_returns_half_a_commit(checkouts):
         with pytest.raises(MetaStateError, match=r"^s3://.*/meta-state/revision\.yaml: a commit was in progress "
                                                  r"for all of the \d+ s this read waited \(writer: .*paused writer"):
             b.load(LP)
-        real_held, looked = b.objects.lock_held, []
-
-        def lock_held():
-            if not looked:
-                looked.append(True)
-                go.set()
-                thread.join(60)  # A's commit ends and its lock is removed before B looks
-            return real_held()
-
-        b.objects.lock_held = lock_held
+        looked = ends_before_lock_check(b, thread, go)  # A's commit ends, its lock removed, before B looks
         assert sorted(b.load(LP)["instances"]) == ["only"]
         assert looked
     finally:

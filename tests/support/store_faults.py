@@ -36,3 +36,21 @@ def paused_commit(ms: Any, data: Dict[str, Any], after: int,
         go.set()
         raise RuntimeError("the commit never reached its %d-th deletion" % after)
     return thread, go
+
+
+def ends_before_lock_check(reader: Any, thread: threading.Thread, go: threading.Event) -> list:
+    """Make ``reader``'s first look at the lock let the paused commit (``thread``, ``go`` from
+    :func:`paused_commit`) end first: the reader read inside the commit, and the writer has
+    written its next revision and released its lock by the time the reader asks. Returns a list
+    that holds one item once that happened (the reader did fall inside the commit)."""
+    real_held, looked = reader.objects.lock_held, []
+
+    def lock_held(*args: Any) -> bool:
+        if not looked:
+            looked.append(True)
+            go.set()
+            thread.join(60)
+        return real_held(*args)
+
+    reader.objects.lock_held = lock_held
+    return looked

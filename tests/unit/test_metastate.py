@@ -26,7 +26,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (  # noqa: E402
     HEADER, MetaState, MetaStateError, launched_instances)
 
-from store_faults import paused_commit  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
+from store_faults import ends_before_lock_check, paused_commit  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
 
 
 def _ms(tmp_path: Path, **kw) -> MetaState:
@@ -394,16 +394,7 @@ def test_a_read_whose_writer_ends_before_the_lock_is_looked_at_is_read_again(tmp
         txn.save("launch-params.yaml", big)
     thread, go = paused_commit(ms, {"instances": {"only": {"launched": True}}}, after=20)
     reader = MetaState(ms.config_root)
-    real_held, looked = reader.objects.lock_held, []
-
-    def lock_held(*args):
-        if not looked:
-            looked.append(True)
-            go.set()
-            thread.join(30)  # the commit ends and its lock is released before we look
-        return real_held(*args)
-
-    reader.objects.lock_held = lock_held
+    looked = ends_before_lock_check(reader, thread, go)
     try:
         assert sorted(reader.load("launch-params.yaml")["instances"]) == ["only"]
     finally:
