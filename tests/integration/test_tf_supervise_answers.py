@@ -74,3 +74,31 @@ def test_validate_answered_only_on_the_apply_task(root):
     res = supervise(path, env, "validate", "-no-color")
     assert res.returncode == 0 and "Success! The configuration is valid." in res.stdout
     assert "validated by the plan" not in res.stdout
+
+
+def test_version_and_output_are_terraform_s_own_with_no_supervisor(root):
+    """The module's ``version -json`` and ``output -json`` read and hold no lock: the launcher runs
+    terraform for them directly (no supervisor's Python to start); a plan still goes through it."""
+    path, env = root
+    no_python = dict(env, CSIS_TF_PYTHON=os.path.join(path, "no-such-python"))
+    for args in (["version", "-json"], ["output", "-no-color", "-json"]):
+        real = subprocess.run(["terraform", *args], cwd=path, env=env, capture_output=True, text=True, check=True)
+        res = supervise(path, no_python, *args, CSIS_TF_VALIDATED_BY_PLAN="1")
+        assert res.returncode == 0 and res.stdout == real.stdout, res.stderr
+    res = supervise(path, no_python, "plan", "-input=false", "-no-color")
+    assert res.returncode != 0 and "no-such-python" in res.stderr
+
+
+def test_workspace_file_read_as_terraform_reads_it(root):
+    """The data directory's ``environment`` file names the workspace; an empty one is ``default``."""
+    path, env = root
+    data = os.path.join(path, ".terraform")
+    os.makedirs(data, exist_ok=True)
+    with open(os.path.join(data, "environment"), "w", encoding="utf-8") as fh:
+        fh.write("")
+    res = supervise(path, env, "workspace", "list", "-no-color", CSIS_TF_VALIDATED_BY_PLAN="1")
+    assert res.returncode == 0 and res.stdout == "* default\n\n"
+    with open(os.path.join(data, "environment"), "w", encoding="utf-8") as fh:
+        fh.write("green")  # as terraform writes it: no newline
+    res = supervise(path, env, "workspace", "list", "-no-color", CSIS_TF_VALIDATED_BY_PLAN="1")
+    assert res.stdout != "* default\n\n"  # not answered: terraform's own answer (or its error) comes back

@@ -20,18 +20,11 @@ and releases the state lock) and waits for terraform to exit. terraform also get
 if the supervisor itself dies (Linux PR_SET_PDEATHSIG). It never sends a second SIGINT
 (that makes terraform exit at once, without saving the state).
 
-``validate`` with ``CSIS_TF_VALIDATED_BY_PLAN=1`` (the role sets it on the apply task only)
-is answered without starting terraform: ``community.general.terraform`` validates the root
-before it applies the plan file, but that configuration was validated by the very
-``terraform plan`` that wrote the plan file, and ``csis_plan_binding`` verified just before
-the apply that no file of the root changed since. A second validate only loads the AWS
-provider's schema again (seconds of CPU per root).
-
-``workspace list`` on that task is answered too when the root's selected workspace is
-``default`` (no ``.terraform/environment`` naming another, no ``TF_WORKSPACE``): the module
-asks only to compare the current workspace with the one it was given, which the role leaves
-at ``default``, and terraform would first hash the 700 MB provider binary against the lock
-file (about half a second of CPU) to answer. In any other workspace terraform answers.
+The launcher (``csis-tf-supervise``, a shell script) runs this supervisor only for what can
+change something or hold a state lock (``plan``, ``apply``, ...): it runs ``version`` and
+``output`` with terraform directly, and on the role's apply task (``CSIS_TF_VALIDATED_BY_PLAN=1``)
+answers ``validate`` and, in the ``default`` workspace, ``workspace list`` itself (its comments
+say why each answer is true).
 
 The role runs the apply as an Ansible async task (so the run shows progress while a long
 apply runs). Ansible then daemonises the module, and the ``ansible-playbook`` controller is
@@ -178,32 +171,12 @@ def _copy(src, dst, log, lock):
     src.close()
 
 
-def _selected_workspace():
-    """The workspace terraform would use in the current directory."""
-    if os.environ.get("TF_WORKSPACE"):
-        return os.environ["TF_WORKSPACE"]
-    path = os.path.join(os.environ.get("TF_DATA_DIR") or ".terraform", "environment")
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            return fh.read().strip() or "default"
-    except OSError:
-        return "default"
-
-
 def main(argv):
     binary = os.environ.get("CSIS_TF_BINARY") or "terraform"
-    if argv[:1] == ["validate"] and os.environ.get("CSIS_TF_VALIDATED_BY_PLAN") == "1":
-        sys.stdout.write("Success! The configuration is valid (validated by the plan this apply runs; "
-                         "the plan binding was verified unchanged: csis-tf-supervise).\n")
-        return 0
-    if argv[:2] == ["workspace", "list"] and os.environ.get("CSIS_TF_VALIDATED_BY_PLAN") == "1" \
-            and _selected_workspace() == "default":
-        sys.stdout.write("* default\n\n")
-        return 0
     chain = watched() + _watch_env()
     timeout = _number("CSIS_TF_TIMEOUT", 0)
     grace = _number("CSIS_TF_GRACE", 300)
-    # the apply's output only (the module's version, workspace and output calls around it are not logged)
+    # the apply's output only (the module's other calls around it do not come here or are not logged)
     log_path = (os.environ.get("CSIS_TF_LOG") or "") if argv[:1] in (["apply"], ["destroy"]) else ""
     state = {"stopping": None, "killed": False}
     proc = None
