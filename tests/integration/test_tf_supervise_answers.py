@@ -89,16 +89,16 @@ def test_version_and_output_are_terraform_s_own_with_no_supervisor(root):
     assert res.returncode != 0 and "no-such-python" in res.stderr
 
 
-def test_workspace_file_read_as_terraform_reads_it(root):
-    """The data directory's ``environment`` file names the workspace; an empty one is ``default``."""
+def test_an_empty_workspace_file_is_default_as_for_terraform(root):
+    """An empty ``.terraform/environment`` is the ``default`` workspace for terraform too: the
+    launcher's answer is then terraform's. (A named workspace: the test above.)"""
     path, env = root
     data = os.path.join(path, ".terraform")
     os.makedirs(data, exist_ok=True)
     with open(os.path.join(data, "environment"), "w", encoding="utf-8") as fh:
         fh.write("")
+    real = subprocess.run(["terraform", "workspace", "list", "-no-color"], cwd=path, env=env, capture_output=True,
+                          text=True, check=True)
     res = supervise(path, env, "workspace", "list", "-no-color", CSIS_TF_VALIDATED_BY_PLAN="1")
     assert res.returncode == 0 and res.stdout == "* default\n\n"
-    with open(os.path.join(data, "environment"), "w", encoding="utf-8") as fh:
-        fh.write("green")  # as terraform writes it: no newline
-    res = supervise(path, env, "workspace", "list", "-no-color", CSIS_TF_VALIDATED_BY_PLAN="1")
-    assert res.stdout != "* default\n\n"  # not answered: terraform's own answer (or its error) comes back
+    assert current_workspace(res.stdout) == current_workspace(real.stdout) == "default"
