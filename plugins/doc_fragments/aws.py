@@ -9,7 +9,8 @@ AWS_OPTION = r"""
     description:
       - How boto3 reaches the runtime - the C(aws) entry of a root returned by
         M(csis.infra.csis_render) (C(roots[].aws)), which the runtime's configuration fills in.
-      - Credentials are never part of it; they come from the environment (or the named profile).
+      - Credentials are never part of it. A runtime with static keys gives them in O(secrets); else they come from the
+        environment (or the named profile).
     type: dict
     default: {}
     suboptions:
@@ -70,6 +71,14 @@ AWS_OPTION = r"""
           config_file:
             description: An OpenSSH client configuration to read (C(ssh -F)); default none is read.
             type: str
+  secrets:
+    description:
+      - The root's secret values (M(csis.infra.csis_render)'s C(roots[].secrets)), ciphertext as rendered.
+      - The runtime's static keys among them (C(TF_VAR_csis_aws_access_key), C(TF_VAR_csis_aws_secret_key),
+        C(TF_VAR_csis_aws_token)) are decrypted on the controller with the run's vault secrets, for this module's
+        boto3 calls only. A runtime with static keys is never reached with the environment's credentials.
+    type: dict
+    default: {}
 """
 
 BOTO3_REQUIREMENT = r"""

@@ -66,14 +66,14 @@ result:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import forget_instance, forget_storage
 
 
 def _forget(module, p):
     fn, name = (forget_instance, p["instance"]) if p["instance"] else (forget_storage, p["storage"])
     res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"], check=module.check_mode,
-             force=p["force"])
+             force=p["force"], reveal=reveal_of(module))
     return dict(changed=bool(res["written"]) or module.check_mode, result=res)
 
 

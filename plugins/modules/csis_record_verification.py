@@ -95,7 +95,8 @@ message:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import (
-    AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, fail_from)
+    AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, fail_from, reveal_of)
+from ansible_collections.csis.infra.plugins.module_utils.csis.aws import root_access
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_verification
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import booted_image_check, combine, failure_message
@@ -108,7 +109,11 @@ def _verify(module, p):
     expected = p["expected_build"] or pin
     booted = None
     if p["check_booted_image"]:
-        booted = booted_image_check(p["aws"], cur.get("instance_id"), expected, p["name_pattern"])
+        try:
+            access = root_access(p["aws"], p["secrets"], reveal_of(module), "instance '%s'" % p["instance"])
+        except CsisError as exc:
+            fail_from(module, exc)
+        booted = booted_image_check(access, cur.get("instance_id"), expected, p["name_pattern"])
     verdict = combine(p["instance"], p["on_machine"], booted, runtime=p["runtime"],
                       build=expected or (booted or {}).get("booted"), run=p["run_id"], ephemeral=p["ephemeral"],
                       error=p["error"])

@@ -47,7 +47,7 @@ series_heads:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, ModuleRun, argument_spec, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, ModuleRun, argument_spec, fail_from, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import series_heads, wanted_series
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 
@@ -64,7 +64,7 @@ def _run(module, p):
     if not wanted_series(tree, wanted):
         return dict(changed=False, series_heads={})
     try:
-        heads = series_heads(tree, wanted)
+        heads = series_heads(tree, wanted, reveal=reveal_of(module))
     except CsisError as exc:
         fail_from(module, exc)
     except Exception as exc:  # botocore: endpoint, credentials

@@ -59,13 +59,13 @@ result:
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import import_storage
 
 
 def _import(module, p):
     res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
-                         check=module.check_mode)
+                         check=module.check_mode, reveal=reveal_of(module))
     return dict(changed=res["changed"], result=res)
 
 

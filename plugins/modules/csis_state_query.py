@@ -86,13 +86,13 @@ path:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import console_lines, hard_lines, query, report_path, write_report
 
 
 def _run(module, p):
     try:
-        report = query(p["config_root"], overlays=p["overlays"], run=p["run"])
+        report = query(p["config_root"], overlays=p["overlays"], run=p["run"], reveal=reveal_of(module))
     except CsisError as exc:
         fail_from(module, exc)
     changed = False

@@ -77,7 +77,7 @@ lines:
   elements: str
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import check_recorded_storages
 
 FIX = ("not planning storage {name}: terraform would create it again, empty. Gone for good: playbooks/forget.yml "
@@ -86,7 +86,7 @@ FIX = ("not planning storage {name}: terraform would create it again, empty. Gon
 
 
 def _check(module, p):
-    res = check_recorded_storages(p["config_root"], p["storages"], overlays=p["overlays"])
+    res = check_recorded_storages(p["config_root"], p["storages"], overlays=p["overlays"], reveal=reveal_of(module))
     for u in res["unavailable"]:
         module.warn("could not check that a recorded storage still exists: %s" % u)
     if res["hard"]:

@@ -51,13 +51,13 @@ result:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import run_transition
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun, reveal_of
 
 
 def _transition(module, p):
     if module.check_mode:
         return dict(changed=p["transition"].get("action") != "record", result={"would": p["transition"]})
-    res = run_transition(p["root"], p["transition"])
+    res = run_transition(p["root"], p["transition"], reveal_of(module))
     return dict(changed=not res.get("noop") and not res.get("absent"), result=res)
 
 

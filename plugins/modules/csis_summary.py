@@ -42,7 +42,7 @@ lines:
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import read_meta
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.readback import summarize, summary_lines
 
 
@@ -54,8 +54,11 @@ def _run(module, p):
     meta, problems = read_meta(tree.root)
     if problems:
         module.fail_json(msg="\n".join(str(x) for x in problems))
+    reveal = reveal_of(module)
     try:
-        s = summarize(tree, meta)
+        s = summarize(tree, meta, reveal)
+    except CsisError as exc:  # static keys that do not decrypt, named by file and key
+        fail_from(module, exc)
     except Exception as exc:  # noqa: BLE001 - a transport or permission error, named
         fail_from(module, exc, prefix="could not read the endpoint: ")
     return dict(changed=False, summary=s, lines=summary_lines(s))

@@ -117,7 +117,9 @@ receipt:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.unmount import unmount, unmount_receipt_path
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec
+from ansible_collections.csis.infra.plugins.module_utils.csis.aws import root_access
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import (
+    AWS_ACCESS_ARGS, CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, reveal_of)
 
 
 def _unmount(module, p):
@@ -125,7 +127,8 @@ def _unmount(module, p):
         path = unmount_receipt_path(p["receipts_dir"], p["instance"], p["storage"])
         return dict(changed=True, receipt={"path": path, "would": "confirm" if p["confirm"] else "session"})
     receipt = unmount(p["config_root"], p["instance"], p["storage"], p["mount_point"], p["receipts_dir"],
-                      access=p["aws"], runtime=p["runtime"], confirm=p["confirm"], confirmed_by=p["confirmed_by"],
+                      access=root_access(p["aws"], p["secrets"], reveal_of(module), "instance '%s'" % p["instance"]),
+                      runtime=p["runtime"], confirm=p["confirm"], confirmed_by=p["confirmed_by"],
                       force=p["force"], timeout=p["timeout"], run_id=p["run_id"])
     return dict(changed=True, receipt=receipt)
 

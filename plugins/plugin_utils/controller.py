@@ -22,7 +22,10 @@ What a module process would have, the worker gets the same way:
   and so is an unexpected exception (its traceback as the result's ``exception``, which Ansible
   shows at ``-vvv``), as a module process's traceback fails its task;
 - no value of a ``no_log`` option is in the result, the message and traceback included (as
-  AnsibleModule's exit removes them).
+  AnsibleModule's exit removes them);
+- and one thing a module process cannot have: the run's vault secrets, as ``module.decrypt``, so
+  a module reaching AWS signs with a runtime's ``!vault`` static keys (``module.reveal_of``),
+  which stay in this process's memory and are in no argument or result.
 
 The apply, started as an async job that outlives the task, keeps its module process, and so does
 ``csis_verify_instance``, which runs on the launched instance. ``csis_run_lock`` forks its
@@ -45,6 +48,7 @@ from ansible.plugins.action import ActionBase
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import aws
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import call_run, require_libraries
+from ansible_collections.csis.infra.plugins.plugin_utils import vault
 
 MODULES = "ansible_collections.csis.infra.plugins.modules."
 #: the validator's keyword arguments among a ModuleRun's options (the others are AnsibleModule's own)
@@ -64,11 +68,14 @@ class WorkerModule:
     """What a csis.infra module's run uses of AnsibleModule: its parameters, check mode and diff
     mode, warnings, and an exit or failure (which raise :class:`Done`)."""
 
-    def __init__(self, params: Dict[str, Any], check_mode: bool, diff: bool) -> None:
+    def __init__(self, params: Dict[str, Any], check_mode: bool, diff: bool, decrypt: Any = None) -> None:
         self.params = params
         self.check_mode = check_mode
         self._diff = diff
         self.warnings: List[str] = []
+        #: the run's vault decryption (plugin_utils/vault.py ``decrypter``): the module's
+        #: ``module.reveal_of`` turns a runtime's ``!vault`` static keys into what boto3 signs with
+        self.decrypt = decrypt
 
     def warn(self, warning: str) -> None:
         self.warnings.append(str(warning))
@@ -157,7 +164,8 @@ class ControllerAction(ActionBase):
             return result
         environment: Dict[str, Any] = {}
         self._compute_environment_string(environment)
-        module = WorkerModule(params, check_mode=bool(self._task.check_mode), diff=bool(self._task.diff))
+        module = WorkerModule(params, check_mode=bool(self._task.check_mode), diff=bool(self._task.diff),
+                              decrypt=vault.decrypter(self._loader))
         saved = dict(os.environ)
         os.environ.update({str(k): str(v) for k, v in environment.items()})
         try:

@@ -10,7 +10,9 @@ run in the controller's worker, whose loader holds them (``--vault-password-file
 worker the clear values as a ``no_log`` argument (``csis_plan``: plugins/plugin_utils/controller.py),
 or put them in the worker's own environment for the one task that starts terraform's apply
 (``csis_apply_start``): never in an ``environment:`` keyword, which Ansible prints with the
-command line at ``-vvv``.
+command line at ``-vvv``. Every csis.infra module run in the worker also gets :func:`decrypter`
+as ``module.decrypt`` (plugins/plugin_utils/controller.py), so its boto3 calls sign with a
+runtime's ``!vault`` static keys (``module.reveal_of``, ``aws.tree_access``, ``aws.root_access``).
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from ansible.parsing.vault import AnsibleVaultError, VaultLib
 
 try:  # plain Python of the collection's library (no pydantic needed for these two)
     from ansible_collections.csis.infra.plugins.module_utils.csis.config import secrets
+    from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
     from ansible_collections.csis.infra.plugins.module_utils.csis.yamlio import Vaulted
 except ImportError:  # pragma: no cover - the collection is installed as a whole
     secrets = None
+    ConfigError = Exception
     Vaulted = None
 
 _NAME = re.compile(r"^TF_VAR_[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -71,7 +75,7 @@ def resolve(loader, secret_map):
         return {}
     if not isinstance(secret_map, dict):
         raise AnsibleActionFail("secrets must be a mapping (csis_render's roots[].secrets)")
-    decrypt = decrypter(loader)
+    reveal = secrets.revealer(decrypter(loader))
     out = {}
     for name, entry in sorted(secret_map.items()):
         if not isinstance(name, str) or not _NAME.match(name) or not isinstance(entry, dict):
@@ -80,10 +84,10 @@ def resolve(loader, secret_map):
             out[name] = to_text(entry["value"])
             continue
         value = Vaulted(to_text(entry.get("vault", "")), to_text(entry.get("file", "")), to_text(entry.get("key", "")))
-        failed = secrets.vault_problems([value], decrypt)
-        if failed:
-            raise AnsibleActionFail(str(failed[0]))
-        out[name] = decrypt(value.ciphertext)
+        try:
+            out[name] = reveal(value)
+        except ConfigError as exc:  # names the file and key; the clear text of the others is dropped with it
+            raise AnsibleActionFail(str(exc)) from None
     return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import uuid
 
@@ -41,21 +40,6 @@ TAG_VALUE = "csis-sentinel-tag-9b27aa"
 VAULT_KEY_ID = "AKIACSISSENTINEL0VLT"
 VAULT_SECRET_KEY = "csisSentinel0VaultKey1Do2Not3Leak4XyZw"
 VAULT_PASSWORD = "csis-test-vault-password"
-
-
-def _vault_tree(root, password_file):
-    """Give the tree's runtime static credentials as !vault values (ansible-vault encrypt_string)."""
-    lines = []
-    for name, value in (("access_key_id", VAULT_KEY_ID), ("secret_access_key", VAULT_SECRET_KEY)):
-        out = subprocess.run([os.path.join(e2e.VENV_BIN, "ansible-vault"), "encrypt_string", "--vault-password-file",
-                              password_file, "--name", name, value], capture_output=True, text=True, check=True).stdout
-        lines += ["      " + line for line in out.strip().splitlines()]
-    path = os.path.join(root, "cfg", "runtime-builders.yml")
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    assert text.count("      profile_name: null\n") == 1
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text.replace("      profile_name: null\n", "\n".join(lines) + "\n"))
 
 
 def _password_file(tmp_path, name, password):
@@ -91,7 +75,7 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     ep = moto_endpoint
     root = e2e.make_ebs_tree(str(tmp_path), "sentinel-%s" % uuid.uuid4().hex[:8])
     vault_file = _password_file(tmp_path, "vault-pass", VAULT_PASSWORD)
-    _vault_tree(root, vault_file)
+    e2e.vault_runtime_keys(root, vault_file, VAULT_KEY_ID, VAULT_SECRET_KEY)
     storages = os.path.join(root, "storages", "storage0.yaml")
     doc = e2e.read_yaml(storages)
     doc["storages"][0]["tags"] = {"Note": TAG_VALUE}
@@ -153,7 +137,7 @@ def test_a_vault_value_that_does_not_decrypt_names_file_and_key_and_writes_nothi
     and the key, rc != 0, and the tree byte-identical (nothing rendered, no meta-state)."""
     ep = moto_endpoint
     root = e2e.make_ebs_tree(str(tmp_path), "sentinel-bad-%s" % uuid.uuid4().hex[:8])
-    _vault_tree(root, _password_file(tmp_path, "vault-pass", VAULT_PASSWORD))
+    e2e.vault_runtime_keys(root, _password_file(tmp_path, "vault-pass", VAULT_PASSWORD), VAULT_KEY_ID, VAULT_SECRET_KEY)
     wrong = _password_file(tmp_path, "wrong-pass", "not-the-password")
     before = e2e.meta_state_digest(root, with_state_dir=True)
     where = ("cfg/runtime-builders.yml: runtime_builders[0] (aws-east2-runtime).credentials.secret_access_key: "

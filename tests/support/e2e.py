@@ -91,6 +91,22 @@ def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int
     return root
 
 
+def vault_runtime_keys(root: str, password_file: str, key_id: str, secret_key: str) -> None:
+    """Give the tree's runtime static credentials as ``!vault`` values of cfg/runtime-builders.yml
+    (``ansible-vault encrypt_string`` with ``password_file``), in place of its ``profile_name: null``."""
+    lines: List[str] = []
+    for name, value in (("access_key_id", key_id), ("secret_access_key", secret_key)):
+        out = subprocess.run([os.path.join(VENV_BIN, "ansible-vault"), "encrypt_string", "--vault-password-file",
+                              password_file, "--name", name, value], capture_output=True, text=True, check=True).stdout
+        lines += ["      " + line for line in out.strip().splitlines()]
+    path = os.path.join(root, "cfg", "runtime-builders.yml")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    assert text.count("      profile_name: null\n") == 1
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text.replace("      profile_name: null\n", "\n".join(lines) + "\n"))
+
+
 def s3_backend_block(url: str, bucket: str, key: str, region: str = "us-east-2", extra: str = "") -> str:
     """A ``terraform`` block with an S3 backend (lock file) on the moto server at ``url``;
     ``extra``: more backend settings, one per line."""

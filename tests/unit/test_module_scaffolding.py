@@ -58,7 +58,7 @@ def test_a_missing_library_is_reported_the_ansible_way():
 
 def test_common_specs_are_copied():
     spec = scaffold.argument_spec(scaffold.CONFIG_ARGS, scaffold.AWS_ACCESS_ARGS, x=dict(type="str"))
-    assert set(spec) == {"config_root", "overlays", "aws", "x"}
+    assert set(spec) == {"config_root", "overlays", "aws", "secrets", "x"}
     spec["overlays"]["default"].append("changed")
     assert scaffold.CONFIG_ARGS["overlays"]["default"] == []
     assert set(spec["aws"]["options"]) == {"region", "profile", "endpoints", "s3_use_path_style", "session_mechanism", "ssh"}

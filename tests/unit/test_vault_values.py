@@ -21,6 +21,7 @@ from ansible.parsing.vault import VaultLib, VaultSecret
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import aws
 from ansible_collections.csis.infra.plugins.module_utils.csis.config import loader, secrets
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.pipeline import render
 from ansible_collections.csis.infra.plugins.module_utils.csis.yamlio import Vaulted, config_loaders, yaml
 from ansible_collections.csis.infra.plugins.plugin_utils import vault
@@ -190,6 +191,63 @@ def test_boto3_gets_static_credentials_only_when_the_caller_reveals_them(tree):
     assert access["credentials"] == {"aws_access_key_id": KEY_ID, "aws_secret_access_key": SECRET}
     creds = aws.client("sts", access)._request_signer._credentials  # pylint: disable=protected-access
     assert (creds.access_key, creds.secret_key) == (KEY_ID, SECRET)
+
+
+def _signer(client):
+    creds = client._request_signer._credentials  # pylint: disable=protected-access
+    return creds.access_key, creds.secret_key
+
+
+def test_a_runtime_with_static_keys_is_never_reached_with_the_environments_credentials(tree, monkeypatch):
+    """The boto3 steps that load the tree (drift, the storage check, forget and import, series
+    heads, the summary) reach a runtime through aws.tree_access: with its static keys revealed
+    by the run's vault secrets, and never silently with the environment's (another account's)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVIRONMENT00001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "environment-secret")
+    t = loader.load_tree(tree)
+    with pytest.raises(aws.StaticKeysNotGiven, match="runtime 'aws-east2-runtime' has static credentials"):
+        aws.tree_access(t, "aws-east2-runtime")
+    reveal = secrets.revealer(vault.decrypter(Loader(PASSWORD)))
+    access = aws.tree_access(t, "aws-east2-runtime", reveal)
+    assert _signer(aws.client("ec2", access)) == (KEY_ID, SECRET)
+    # a wrong password, or none: the value named by file and key, nothing reached
+    for wrong, why in ((Loader(b"not-the-password"), secrets.NOT_DECRYPTED), (Loader(), secrets.NO_SECRET)):
+        with pytest.raises(ConfigError) as caught:
+            aws.tree_access(t, "aws-east2-runtime", secrets.revealer(vault.decrypter(wrong)))
+        assert str(caught.value) == "cfg/runtime-builders.yml: %s.secret_access_key: cannot decrypt this !vault value: %s" % (
+            RUNTIME, why)
+        assert SECRET not in str(caught.value)
+
+
+def test_a_runtime_without_static_keys_is_reached_as_before(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVIRONMENT00001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "environment-secret")
+    t = loader.load_tree(copy_as_shipped(EXAMPLES, str(tmp_path / "plain")))
+    for reveal in (None, secrets.revealer(None)):
+        access = aws.tree_access(t, "aws-east2-runtime", reveal)
+        assert "credentials" not in access
+        assert _signer(aws.client("ec2", access)) == ("AKIAENVIRONMENT00001", "environment-secret")
+
+
+def test_the_steps_of_a_rendered_root_reveal_its_secrets_for_boto3(tree, monkeypatch):
+    """The storage transitions, the unmount and the booted-image check get the root's ``aws``
+    entry and its ``secrets`` (ciphertext, as csis_render returns them): aws.root_access."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVIRONMENT00001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "environment-secret")
+    root = render(tree, ["storage"], dry_run=True, prepare=False)["roots"][0]
+    assert "credentials" not in root["aws"] and set(root["secrets"]) == {"TF_VAR_csis_aws_access_key",
+                                                                         "TF_VAR_csis_aws_secret_key"}
+    with pytest.raises(aws.StaticKeysNotGiven, match="root '%s' has static credentials" % root["key"]):
+        aws.root_access(root["aws"], root["secrets"], None, "root '%s'" % root["key"])
+    reveal = secrets.revealer(vault.decrypter(Loader(PASSWORD)))
+    access = aws.root_access(root["aws"], root["secrets"], reveal)
+    assert access == dict(root["aws"], credentials={"aws_access_key_id": KEY_ID, "aws_secret_access_key": SECRET})
+    assert _signer(aws.client("s3", access)) == (KEY_ID, SECRET)
+    assert aws.root_access(root["aws"], {}, None) == root["aws"]  # no static keys: as rendered
+    # the transitions build their clients from it before any call (a snapshot of a root with no state)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import transitions
+    with pytest.raises(aws.StaticKeysNotGiven):
+        transitions.run_transition(root, {"action": "delete_archive_snapshot", "storage": "x", "snapshot_name": "x"})
 
 
 def test_a_vault_tag_spelled_through_a_tag_handle_is_still_placed(tree):

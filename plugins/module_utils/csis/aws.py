@@ -10,7 +10,8 @@ reached, and what an error from the endpoint means.
   :func:`backend_access` of an S3 state backend. Credentials come from the environment (or
   the profile), unless the access mapping carries ``credentials`` (clear static keys,
   :data:`CREDENTIAL_KEYS`: a runtime's ``!vault`` credentials decrypted by the caller, see
-  :func:`runtime_access`); an access mapping with them is never returned or logged.
+  :func:`tree_access` and :func:`root_access`, which refuse to leave them out); an access
+  mapping with them is never returned or logged.
 * Every client has bounded connect and read timeouts and a bounded number of attempts
   (:func:`client_settings`: ``CSIS_AWS_CONNECT_TIMEOUT``, ``CSIS_AWS_READ_TIMEOUT``,
   ``CSIS_AWS_MAX_ATTEMPTS``; defaults 5 s, 10 s, 3 attempts), so a hung endpoint fails a call
@@ -183,15 +184,14 @@ def runtime_access(runtime: Any, session_mechanism: bool = False,
     (what a rendered root's ``aws`` entry carries) when asked, and with ``session_mechanism:
     ssh`` the runtime's ``ssh`` settings (the key file's path as written, never its content).
 
-    ``reveal`` (a secret field's value -> its clear text: the caller's decryption of a
-    ``!vault`` value) adds the runtime's static keys as ``credentials``; without it a runtime
-    with static keys is reached with the environment's credentials."""
+    ``reveal`` (a secret field's value -> its clear text: ``config.secrets.revealer``, the
+    caller's decryption of a ``!vault`` value) adds the runtime's static keys as ``credentials``;
+    without it a runtime with static keys is reached with the environment's credentials (what
+    a rendered root's ``aws`` entry is: :func:`root_access` adds them from the root's ``secrets``)."""
     out = {"region": runtime.region, "profile": runtime.credentials.profile_name,
            "endpoints": endpoint_urls(runtime.endpoints, PROVIDER_SERVICES), "s3_use_path_style": runtime.s3_use_path_style}
-    creds = runtime.credentials
-    if reveal is not None and getattr(creds, "access_key_id", None) is not None:
-        out["credentials"] = {arg: reveal(getattr(creds, fld)) for fld, arg in CREDENTIAL_KEYS
-                              if getattr(creds, fld, None) is not None}
+    if reveal is not None:
+        out = with_static_keys(out, _static_keys(runtime), reveal)
     if session_mechanism:
         out["session_mechanism"] = runtime.session_mechanism
         if runtime.session_mechanism == "ssh" and getattr(runtime, "ssh", None) is not None:
@@ -199,9 +199,47 @@ def runtime_access(runtime: Any, session_mechanism: bool = False,
     return out
 
 
-def tree_access(tree: Any, runtime: str) -> Dict[str, Any]:
-    """:func:`runtime_access` of the runtime named ``runtime`` in a loaded tree."""
-    return runtime_access(tree.runtimes[runtime])
+def _static_keys(runtime: Any) -> Dict[str, Any]:
+    """{credentials field: value (a ``!vault`` value, clear text, or None)} of a runtime model."""
+    return {fld: getattr(runtime.credentials, fld, None) for fld, _arg in CREDENTIAL_KEYS}
+
+
+class StaticKeysNotGiven(CsisError):
+    """A step would reach a runtime that has static keys without them (the environment's
+    credentials, maybe another account's): a caller that did not pass ``reveal``."""
+
+
+def with_static_keys(access: Mapping[str, Any], sealed: Mapping[str, Any],
+                     reveal: Optional[Callable[[Any], str]], what: str = "") -> Dict[str, Any]:
+    """``access`` with ``credentials``: the clear text (by ``reveal``) of ``sealed``, a runtime's
+    static keys ({credentials field: a ``!vault`` value or clear text}, unset fields None);
+    ``access`` as it is when there are none. With keys and no ``reveal``, raises
+    :class:`StaticKeysNotGiven` rather than reaching AWS with the environment's credentials."""
+    keys = {fld: value for fld, value in sealed.items() if value is not None}
+    if not keys.get("access_key_id"):
+        return dict(access)
+    if reveal is None:
+        raise StaticKeysNotGiven("%s has static credentials (access_key_id, secret_access_key), and this step was "
+                                 "not given them: it would reach AWS with the environment's credentials instead"
+                                 % (what or "the runtime"))
+    return dict(access, credentials={arg: reveal(keys[fld]) for fld, arg in CREDENTIAL_KEYS if fld in keys})
+
+
+def tree_access(tree: Any, runtime: str, reveal: Optional[Callable[[Any], str]] = None) -> Dict[str, Any]:
+    """How boto3 reaches the runtime named ``runtime`` in a loaded tree, with its static keys
+    revealed by ``reveal`` (:func:`runtime_access`; :class:`StaticKeysNotGiven` when it has some
+    and ``reveal`` is None)."""
+    rt = tree.runtimes[runtime]
+    return with_static_keys(runtime_access(rt), _static_keys(rt), reveal, "runtime '%s'" % runtime)
+
+
+def root_access(access: Mapping[str, Any], secret_map: Optional[Mapping[str, Any]],
+                reveal: Optional[Callable[[Any], str]] = None, what: str = "") -> Dict[str, Any]:
+    """How boto3 reaches a rendered root's runtime: the root's ``aws`` entry (``access``), with the
+    static keys of its ``secrets`` (``secret_map``: ciphertext, as csis_render returns them)
+    revealed by ``reveal`` (:class:`StaticKeysNotGiven` when it has some and ``reveal`` is None)."""
+    from .config.secrets import root_credentials  # plain Python, no pydantic
+    return with_static_keys(access, root_credentials(secret_map), reveal, what)
 
 
 def backend_access(config: Mapping[str, Any]) -> Dict[str, Any]:

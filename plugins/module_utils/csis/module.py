@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, NoReturn, Optional, T
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from .aws import BOTO3_IMPORT_ERROR, HAS_BOTO3
+from .config.secrets import Reveal, revealer
 from .errors import CsisError, MissingDependency
 from .yamlio import HAS_YAML, YAML_IMPORT_ERROR
 
@@ -72,6 +73,9 @@ AWS_ACCESS_ARGS: Dict[str, Any] = dict(
             config_file=dict(type="str"),
         )),
     )),
+    # the root's secrets (csis_render's roots[].secrets: ciphertext, not secret); its static keys
+    # are revealed for boto3 by the controller's vault secrets (reveal_of)
+    secrets=dict(type="dict", default={}, no_log=False),
 )
 
 #: pydantic is looked up, not imported: a module that needs no configuration model (the plan,
@@ -94,6 +98,14 @@ def argument_spec(*common: Mapping[str, Any], **own: Any) -> Dict[str, Any]:
         out.update(copy.deepcopy(dict(part)))
     out.update(own)
     return out
+
+
+def reveal_of(module: Any) -> Reveal:
+    """How this run reveals the tree's ``!vault`` values (a runtime's static keys) for boto3:
+    with the run's vault secrets, which the controller's worker holds (``module.decrypt``, set
+    by plugins/plugin_utils/controller.py for every csis.infra module it runs). A module process
+    has none: a ``!vault`` value then fails naming its file and key."""
+    return revealer(getattr(module, "decrypt", None))
 
 
 def require_libraries(module: AnsibleModule, libraries: Iterable[str]) -> None:

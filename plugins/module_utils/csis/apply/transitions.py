@@ -15,6 +15,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional
 
 from .. import aws
+from ..config.secrets import Reveal
 from ..errors import CsisError
 from ..state.record import resources, under
 from .. import tfstate
@@ -42,9 +43,9 @@ def archive_snapshots(ec2: Any, name: str, storage: str, tags: Optional[Mapping[
     return resp.get("Snapshots") or []
 
 
-def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], state: Optional[Mapping[str, Any]] = None,
-             timeout: float = 1800.0) -> Dict[str, Any]:
-    ec2 = aws.client("ec2", root["aws"])
+def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[str, Any],
+             state: Optional[Mapping[str, Any]] = None, timeout: float = 1800.0) -> Dict[str, Any]:
+    ec2 = aws.client("ec2", access)
     name = t["snapshot_name"]
     storage = t["storage"]
     existing = archive_snapshots(ec2, name, storage, t.get("tags"))
@@ -82,8 +83,9 @@ def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], state: Optional[Mapp
     return {"snapshot_id": sid, "created": created}
 
 
-def delete_archive_snapshot(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
-    ec2 = aws.client("ec2", root["aws"])
+def delete_archive_snapshot(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[str, Any]) -> Dict[str, Any]:
+    del root  # the snapshots are found by their tags
+    ec2 = aws.client("ec2", access)
     deleted = []
     for s in archive_snapshots(ec2, t["snapshot_name"], t["storage"], t.get("tags")):
         ec2.delete_snapshot(SnapshotId=s["SnapshotId"])
@@ -91,9 +93,10 @@ def delete_archive_snapshot(root: Mapping[str, Any], t: Mapping[str, Any]) -> Di
     return {"deleted": deleted}
 
 
-def empty_bucket(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
+def empty_bucket(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[str, Any]) -> Dict[str, Any]:
     """Delete every object version and delete marker (and plain objects) of the bucket."""
-    s3 = aws.client("s3", root["aws"])
+    del root  # the bucket is named by the transition
+    s3 = aws.client("s3", access)
     bucket = t["bucket"]
     removed = 0
     try:
@@ -118,15 +121,18 @@ def empty_bucket(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any
 ACTIONS = {"snapshot": snapshot, "delete_archive_snapshot": delete_archive_snapshot, "empty_bucket": empty_bucket}
 
 
-def run_transition(root: Mapping[str, Any], t: Mapping[str, Any]) -> Dict[str, Any]:
+def run_transition(root: Mapping[str, Any], t: Mapping[str, Any], reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+    """Carry out transition ``t`` of a rendered root, reaching AWS as the root's runtime
+    (``aws.root_access``: its static keys revealed by ``reveal``)."""
     action = t.get("action")
     if action == "record":
         return {"noop": True}
     fn = ACTIONS.get(action)
     if fn is None:
         raise TransitionError("unknown storage transition action %r" % (action,))
+    access = aws.root_access(root.get("aws") or {}, root.get("secrets"), reveal, "root '%s'" % root.get("key", "?"))
     try:
-        return fn(root, t)
+        return fn(root, t, access)
     except TransitionError:
         raise
     except Exception as exc:  # botocore errors: name the storage and the step

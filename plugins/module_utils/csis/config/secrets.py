@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import Problem
+from ..errors import ConfigError, Problem
 from ..yamlio import Vaulted
 
 #: decrypt(ciphertext) -> clear text; raises VaultSecretMissing / VaultDecryptFailed
 Decrypt = Callable[[str], str]
+#: reveal(a secret field's value) -> its clear text (:func:`revealer`)
+Reveal = Callable[[Any], str]
 
 #: the ``json_schema_extra`` key of a secret field (value: "clear" or "vault")
 SECRET_MARK = "csis_secret"
@@ -91,21 +93,24 @@ def policy_of(model: Any, name: str) -> Optional[str]:
     return extra.get(SECRET_MARK) if isinstance(extra, dict) else None
 
 
+def _decrypted(value: Vaulted, decrypt: Optional[Decrypt]) -> Tuple[Optional[str], Optional[str]]:
+    """(clear text, None), or (None, why it cannot be decrypted)."""
+    if decrypt is None:
+        return None, NO_SECRET
+    try:
+        return decrypt(value.ciphertext), None
+    except VaultSecretMissing:
+        return None, NO_SECRET
+    except Exception:  # noqa: BLE001 - any failure of the callback: not decrypted
+        return None, NOT_DECRYPTED
+
+
 def vault_problems(vaulted: Iterable[Vaulted], decrypt: Optional[Decrypt]) -> List[Problem]:
     """A problem (file, key, why) for each value ``decrypt`` cannot decrypt; ``decrypt`` None:
     no vault secret was given. The clear text is dropped at once."""
     out: List[Problem] = []
     for v in vaulted:
-        reason = None
-        if decrypt is None:
-            reason = NO_SECRET
-        else:
-            try:
-                decrypt(v.ciphertext)
-            except VaultSecretMissing:
-                reason = NO_SECRET
-            except Exception:  # noqa: BLE001 - any failure of the callback: not decrypted
-                reason = NOT_DECRYPTED
+        _clear, reason = _decrypted(v, decrypt)
         if reason:
             out.append(Problem(v.file, v.key, "cannot decrypt this !vault value: " + reason))
     return out
@@ -119,6 +124,37 @@ def problems_rule(problems: Sequence[Mapping[str, str]]) -> Callable[[Any], None
     def rule(validation: Any) -> None:
         validation.problems.extend(found)
     return rule
+
+
+def revealer(decrypt: Optional[Decrypt]) -> Reveal:
+    """reveal(value): the clear text of a secret field's value: a :class:`Vaulted` decrypted by
+    ``decrypt`` (None: no vault secret was given), a clear string as it is. A value that does
+    not decrypt raises :class:`~..errors.ConfigError` naming its file and key."""
+    def reveal(value: Any) -> str:
+        if not isinstance(value, Vaulted):
+            return str(value)
+        clear, reason = _decrypted(value, decrypt)
+        if clear is None:
+            raise ConfigError([Problem(value.file, value.key, "cannot decrypt this !vault value: %s" % reason)])
+        return clear
+    return reveal
+
+
+def root_credentials(secret_map: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """``{credentials field: Vaulted | clear text}`` of a rendered root's ``secrets`` (what
+    :func:`tf_secrets` made of its runtime's static keys, as csis_render returns it): the same
+    values as the runtime's ``credentials`` fields, for a step that reaches AWS with them."""
+    by_variable = {"TF_VAR_" + variable: fld for fld, variable, _arg in CREDENTIAL_VARIABLES}
+    out: Dict[str, Any] = {}
+    for name, entry in sorted((secret_map or {}).items()):
+        fld = by_variable.get(name)
+        if fld is None or not isinstance(entry, Mapping):
+            continue
+        if "value" in entry:
+            out[fld] = str(entry["value"])
+        else:
+            out[fld] = Vaulted(str(entry.get("vault", "")), str(entry.get("file", "")), str(entry.get("key", "")))
+    return out
 
 
 def tf_secrets(runtime: Any) -> Dict[str, Dict[str, str]]:

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .. import aws
 from ..config.loader import Tree
+from ..config.secrets import Reveal
 
 
 def head_key(image: str, runtime: str) -> str:
@@ -46,13 +47,14 @@ def newest_image(ec2: Any, pattern: str) -> Optional[Dict[str, Any]]:
 
 
 def series_heads(tree: Tree, instances: Optional[Iterable[str]] = None, everything: bool = False,
-                 client_for: Any = None) -> Dict[str, Any]:
-    """``{"<image>@<runtime>": {"ami_id", "name", "creation_date"}}`` for every wanted series."""
+                 client_for: Any = None, reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+    """``{"<image>@<runtime>": {"ami_id", "name", "creation_date"}}`` for every wanted series
+    (a runtime's static keys revealed by ``reveal``: ``aws.tree_access``)."""
     heads: Dict[str, Any] = {}
     clients: Dict[str, Any] = {}
     for image, runtime, pattern in wanted_series(tree, instances, everything):
         if runtime not in clients:
-            clients[runtime] = client_for(runtime) if client_for else aws.client("ec2", aws.tree_access(tree, runtime))
+            clients[runtime] = client_for(runtime) if client_for else aws.client("ec2", aws.tree_access(tree, runtime, reveal))
         got = newest_image(clients[runtime], pattern)
         if got:
             heads[head_key(image, runtime)] = {"ami_id": got["ImageId"], "name": got.get("Name"),

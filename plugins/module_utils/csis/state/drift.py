@@ -25,6 +25,7 @@ from ..fsutil import read_json, write_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aws import ClientFactory
+    from ..config.secrets import Reveal
 
 REPORT_NAME = "state-report.json"
 DRIFTS = ("missing", "stale", "foreign", "changed")
@@ -302,8 +303,9 @@ def run_id() -> str:
 
 # --------------------------------------------------------------------------- entry point
 def query(config_root: str, overlays: Iterable[str] = (), run: Optional[str] = None,
-          factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
-    """Load the tree and meta-state, look everything up, classify. Writes nothing."""
+          factory: Optional[ClientFactory] = None, reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+    """Load the tree and meta-state, look everything up (a runtime's static keys revealed by
+    ``reveal``: ``aws.tree_access``), classify. Writes nothing."""
     from ..aws import tree_access
     from ..config.loader import load_tree
     from ..config.validate import read_meta
@@ -315,7 +317,7 @@ def query(config_root: str, overlays: Iterable[str] = (), run: Optional[str] = N
     if problems:
         raise DriftError("\n".join(str(p) for p in problems))
     exps = expectations(tree, meta)
-    reality = observe(exps, lambda rt: tree_access(tree, rt), factory)
+    reality = observe(exps, lambda rt: tree_access(tree, rt, reveal), factory)
     return classify(exps, reality, run or run_id())
 
 
@@ -327,12 +329,13 @@ EXISTING_STATES = ("active", "archived")
 
 
 def check_recorded_storages(config_root: str, storages: Mapping[str, Mapping[str, Any]], overlays: Iterable[str] = (),
-                            run: Optional[str] = None, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+                            run: Optional[str] = None, factory: Optional[ClientFactory] = None,
+                            reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     """Before a root is planned: do the storages meta-state records as existing still exist?
 
     ``storages`` is the root's ``storages`` (name -> ``{"address", "type", ...}``, from the
     render). The storages of it recorded ``active`` or ``archived`` are looked up like the
-    state query does (by recorded id; no foreign scan) and classified by :func:`classify`.
+    state query does (by recorded id; no foreign scan; ``reveal`` as :func:`query`) and classified by :func:`classify`.
     Returns ``{"checked": [names], "drift", "unavailable", "lines" (the report's lines),
     "hard" ([the drift lines of HARD drift]), "protect" ([addresses of the resources that
     must not be created: those of the storages recorded active])}``. Writes nothing.
@@ -349,7 +352,7 @@ def check_recorded_storages(config_root: str, storages: Mapping[str, Mapping[str
     exps = expectations(tree, meta)
     mine = {n: e for n, e in exps["storages"].items() if n in storages and e.get("recorded_state") in EXISTING_STATES}
     narrowed = dict(exps, storages=mine, instances={})
-    report = classify(narrowed, observe(narrowed, lambda rt: tree_access(tree, rt), factory, foreign=False),
+    report = classify(narrowed, observe(narrowed, lambda rt: tree_access(tree, rt, reveal), factory, foreign=False),
                       run or run_id())
     protect = []
     for name, exp in sorted(mine.items()):

@@ -37,6 +37,7 @@ from ..aws import ClientFactory, Endpoint, tree_access
 from ..clock import now
 from ..config.loader import load_tree
 from ..config.names import archive_snapshot_name, label
+from ..config.secrets import Reveal
 from ..config.validate import read_meta
 from ..errors import CsisError
 from ..render.plan import root_dir
@@ -73,15 +74,17 @@ def not_destroyed(what: str, recorded: str, checked: str) -> StateOpError:
                         "record of a thing that is gone" % (what, recorded, checked))
 
 
-def _endpoint(tree: Any, runtime: Optional[str], factory: Optional[ClientFactory]) -> Endpoint:
+def _endpoint(tree: Any, runtime: Optional[str], factory: Optional[ClientFactory], reveal: Optional[Reveal]) -> Endpoint:
+    """The runtime's endpoint, reached with its static keys revealed by ``reveal`` (``aws.tree_access``)."""
     if runtime is None or runtime not in tree.runtimes:
         raise StateOpError("runtime %r is not declared: cannot reach its endpoint" % (runtime,))
-    return Endpoint(tree_access(tree, runtime), factory)
+    return Endpoint(tree_access(tree, runtime, reveal), factory)
 
 
 # --------------------------------------------------------------------------- forget
 def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
-                    check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False) -> Dict[str, Any]:
+                    check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False,
+                    reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     lps = meta["launch-params.yaml"]["instances"]
     iss = meta["instance-state.yaml"]["instances"]
@@ -97,7 +100,7 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     if iid:
         rt = exp.get("runtime") or (lps.get(name) or {}).get("runtime")
         try:
-            obs = lookup_instance(_endpoint(tree, rt, factory), iid)
+            obs = lookup_instance(_endpoint(tree, rt, factory, reveal), iid)
         except StateOpError as exc:
             obs = {"error": str(exc)}
         if "error" in obs:
@@ -130,7 +133,8 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
 
 
 def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
-                   check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False) -> Dict[str, Any]:
+                   check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False,
+                   reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     recs = meta["storage-state.yaml"]["storages"]
     if name not in recs:
@@ -140,7 +144,7 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
     checked = "not looked up"
     if exp is not None and recs[name].get("state") != "destroyed":
         try:
-            obs = lookup_storage(_endpoint(tree, exp.get("runtime"), factory), exp)
+            obs = lookup_storage(_endpoint(tree, exp.get("runtime"), factory, reveal), exp)
         except StateOpError as exc:
             obs = {"error": str(exc)}
         if "error" in obs:
@@ -223,7 +227,8 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
 
 
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
-                   check: bool = False, factory: Optional[ClientFactory] = None) -> Dict[str, Any]:
+                   check: bool = False, factory: Optional[ClientFactory] = None,
+                   reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     st = tree.storages.get(name)
     if st is None:
@@ -244,7 +249,7 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
         if other != name and rec.get("state") != "destroyed" and (rec.get("facts") or {}).get(id_key) == storage_id:
             raise StateOpError("storage '%s': %s is already recorded for storage '%s'" % (name, storage_id, other))
     rt = tree.builder_runtime(builder)
-    ep = _endpoint(tree, rt.name if rt is not None else None, factory)
+    ep = _endpoint(tree, rt.name if rt is not None else None, factory, reveal)
 
     def look(some_id: str) -> Dict[str, Any]:
         if stype == "ebs":

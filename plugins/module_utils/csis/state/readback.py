@@ -8,18 +8,21 @@ Resources are found by the ids meta-state recorded from terraform state; tags
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..aws import client, tree_access
 from ..config.loader import Tree
+from ..config.secrets import Reveal
 
 
-def summarize(tree: Tree, meta: Mapping[str, Any]) -> Dict[str, Any]:
+def summarize(tree: Tree, meta: Mapping[str, Any], reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+    """What the endpoint holds of the tree's resources (a runtime's static keys revealed by
+    ``reveal``: ``aws.tree_access``)."""
     tag = tree.resource_tag()["csis_config"]
     out: Dict[str, Any] = {"instances": [], "volumes": [], "filesystems": [], "buckets": []}
     storages = (meta.get("storage-state.yaml") or {}).get("storages") or {}
     for rt_name in sorted(tree.runtimes):
-        acc = tree_access(tree, rt_name)
+        acc = tree_access(tree, rt_name, reveal)
         ec2 = client("ec2", acc)
         vols = {v["VolumeId"]: v for v in ec2.describe_volumes(
             Filters=[{"Name": "tag:csis_config", "Values": [tag]}]).get("Volumes", [])}
