@@ -14,7 +14,7 @@ description:
     (O(aws.session_mechanism)), addressing the machine by what C(meta-state/instance-state.yaml)
     records of it, never by a C(Name) tag.
   - C(ssm) runs SSM C(AWS-RunShellScript) through boto3 on the recorded instance id, with the
-    runtime's region, profile and endpoint.
+    runtime's region, profile and endpoint, and its static keys when it has some (O(secrets)).
   - >-
     C(ssh) runs the system OpenSSH client (C(ssh)) to the recorded C(private_ip) or C(public_ip)
     (O(aws.ssh.address)) as O(aws.ssh.user) with O(aws.ssh.private_key_file) (C(IdentitiesOnly=yes)),
