@@ -180,14 +180,13 @@ def test_a_tree_without_static_credentials_renders_no_credential_variables(tmp_p
 
 
 def test_boto3_gets_static_credentials_only_when_the_caller_reveals_them(tree):
-    rt = loader.load_tree(tree).runtimes["aws-east2-runtime"]
-    plain = aws.runtime_access(rt)
-    assert "credentials" not in plain
+    t = loader.load_tree(tree)
+    assert "credentials" not in aws.runtime_access(t.runtimes["aws-east2-runtime"])  # what a rendered root carries
     clear = VaultLib([("default", VaultSecret(PASSWORD))])
 
     def reveal(v):
         return clear.decrypt(v.ciphertext).decode() if isinstance(v, Vaulted) else v
-    access = aws.runtime_access(rt, reveal=reveal)
+    access = aws.tree_access(t, "aws-east2-runtime", reveal)
     assert access["credentials"] == {"aws_access_key_id": KEY_ID, "aws_secret_access_key": SECRET}
     creds = aws.client("sts", access)._request_signer._credentials  # pylint: disable=protected-access
     assert (creds.access_key, creds.secret_key) == (KEY_ID, SECRET)

@@ -33,6 +33,7 @@ import importlib.util
 import os
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set
 
+from .config.secrets import Reveal, root_credentials
 from .errors import CsisError, MissingDependency
 
 # boto3 is imported on first use, not with this file: a reader that never reaches AWS (validation,
@@ -178,20 +179,15 @@ def endpoint_urls(endpoints: Any, services: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def runtime_access(runtime: Any, session_mechanism: bool = False,
-                   reveal: Optional[Callable[[Any], str]] = None) -> Dict[str, Any]:
+def runtime_access(runtime: Any, session_mechanism: bool = False) -> Dict[str, Any]:
     """How boto3 reaches a runtime builder (no secrets); with the session mechanism
     (what a rendered root's ``aws`` entry carries) when asked, and with ``session_mechanism:
     ssh`` the runtime's ``ssh`` settings (the key file's path as written, never its content).
 
-    ``reveal`` (a secret field's value -> its clear text: ``config.secrets.revealer``, the
-    caller's decryption of a ``!vault`` value) adds the runtime's static keys as ``credentials``;
-    without it a runtime with static keys is reached with the environment's credentials (what
-    a rendered root's ``aws`` entry is: :func:`root_access` adds them from the root's ``secrets``)."""
+    Never the runtime's static keys: this is what a rendered root's ``aws`` entry carries. A
+    client of the runtime is built from :func:`tree_access` or :func:`root_access`, which add them."""
     out = {"region": runtime.region, "profile": runtime.credentials.profile_name,
            "endpoints": endpoint_urls(runtime.endpoints, PROVIDER_SERVICES), "s3_use_path_style": runtime.s3_use_path_style}
-    if reveal is not None:
-        out = with_static_keys(out, _static_keys(runtime), reveal)
     if session_mechanism:
         out["session_mechanism"] = runtime.session_mechanism
         if runtime.session_mechanism == "ssh" and getattr(runtime, "ssh", None) is not None:
@@ -210,7 +206,7 @@ class StaticKeysNotGiven(CsisError):
 
 
 def with_static_keys(access: Mapping[str, Any], sealed: Mapping[str, Any],
-                     reveal: Optional[Callable[[Any], str]], what: str = "") -> Dict[str, Any]:
+                     reveal: Optional[Reveal], what: str = "") -> Dict[str, Any]:
     """``access`` with ``credentials``: the clear text (by ``reveal``) of ``sealed``, a runtime's
     static keys ({credentials field: a ``!vault`` value or clear text}, unset fields None);
     ``access`` as it is when there are none. With keys and no ``reveal``, raises
@@ -225,7 +221,7 @@ def with_static_keys(access: Mapping[str, Any], sealed: Mapping[str, Any],
     return dict(access, credentials={arg: reveal(keys[fld]) for fld, arg in CREDENTIAL_KEYS if fld in keys})
 
 
-def tree_access(tree: Any, runtime: str, reveal: Optional[Callable[[Any], str]] = None) -> Dict[str, Any]:
+def tree_access(tree: Any, runtime: str, reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     """How boto3 reaches the runtime named ``runtime`` in a loaded tree, with its static keys
     revealed by ``reveal`` (:func:`runtime_access`; :class:`StaticKeysNotGiven` when it has some
     and ``reveal`` is None)."""
@@ -234,11 +230,10 @@ def tree_access(tree: Any, runtime: str, reveal: Optional[Callable[[Any], str]] 
 
 
 def root_access(access: Mapping[str, Any], secret_map: Optional[Mapping[str, Any]],
-                reveal: Optional[Callable[[Any], str]] = None, what: str = "") -> Dict[str, Any]:
+                reveal: Optional[Reveal] = None, what: str = "") -> Dict[str, Any]:
     """How boto3 reaches a rendered root's runtime: the root's ``aws`` entry (``access``), with the
     static keys of its ``secrets`` (``secret_map``: ciphertext, as csis_render returns them)
     revealed by ``reveal`` (:class:`StaticKeysNotGiven` when it has some and ``reveal`` is None)."""
-    from .config.secrets import root_credentials  # plain Python, no pydantic
     return with_static_keys(access, root_credentials(secret_map), reveal, what)
 
 
