@@ -19,7 +19,9 @@ description:
     failed (a permission or transport error is never read as absent) and C(note) lines.
   - While the report holds a HARD line every real lifecycle run refuses to start (the first task of the
     C(csis.infra.render) role); correct the record with the forget or state import playbooks, then query again.
-  - Reads meta-state only; never writes it. Credentials come from the environment (or the runtime's profile).
+  - Reads meta-state only; never writes it. A runtime with static keys (C(!vault) values) is reached with them,
+    decrypted on the controller with the run's vault secrets; otherwise credentials come from the environment (or
+    the runtime's profile).
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3

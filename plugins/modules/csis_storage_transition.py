@@ -17,7 +17,9 @@ description:
   - C(empty_bucket) deletes every object version and delete marker of the bucket before its destroy.
   - The C(csis.infra.tofu_root) role runs these only after the gate passed and
     M(csis.infra.csis_apply_check) allowed the apply in the same run.
-  - Uses boto3 with the root's runtime (region, profile, endpoints); credentials come from the environment.
+  - Uses boto3 with the root's runtime (region, profile, endpoints). A runtime with static keys is reached with them
+    (the root's C(secrets), decrypted on the controller with the run's vault secrets), never with the environment's
+    credentials; otherwise credentials come from the environment.
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3

@@ -13,7 +13,8 @@ description:
   - Reads back, through each runtime's endpoint, the instances and volumes tagged with the tree's
     C(csis_config) tag, the EFS filesystems with their access points and mount targets, and the buckets
     meta-state records as active with their lifecycle rules and tags.
-  - Read-only. Credentials come from the environment (or the runtime's profile).
+  - Read-only. A runtime with static keys (C(!vault) values) is reached with them, decrypted on the controller with
+    the run's vault secrets; otherwise credentials come from the environment (or the runtime's profile).
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.aws.boto3
