@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator
@@ -203,11 +204,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config._csis_shared_moto = la  # type: ignore[attr-defined]
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._csis_exitstatus = int(exitstatus)  # type: ignore[attr-defined]
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the shared moto server. Its directory (the server's log, its seed) goes with it when
+    every test passed; after a failure it stays, and its path is printed, for the log."""
     la = getattr(config, "_csis_shared_moto", None)
     if la is not None:
         la.stop()
         os.environ.pop(SHARED_MOTO_ENV, None)
+        if getattr(config, "_csis_exitstatus", 1) == 0:
+            shutil.rmtree(la.state_dir, ignore_errors=True)
+        else:
+            sys.stderr.write("the shared moto server's directory (its log: server.log) is kept: %s\n" % la.state_dir)
 
 
 @pytest.fixture(scope="session")

@@ -34,13 +34,14 @@ def _chattr(flag, path):
 def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint, tmp_path):
     ep = moto_endpoint
     key = "unwritable-%s" % uuid.uuid4().hex[:8]
-    root = e2e.make_ebs_tree(str(tmp_path), key)
+    # its own tree id: the volume it would create carries a csis_config tag no other test's has
+    # (the endpoint is shared with the other workers' tests, which create volumes meanwhile)
+    root = e2e.make_ebs_tree(str(tmp_path), key, tree_id=key)
     meta_dir = os.path.join(root, "meta-state")
     os.makedirs(meta_dir)
     if os.geteuid() != 0 or shutil.which("chattr") is None or _chattr("+i", meta_dir).returncode != 0:
         pytest.skip("chattr +i does not work here (not root, or the file system has no attributes)")
     ec2 = ep.client("ec2")
-    volumes_before = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
     try:
         run = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
                                log=os.path.join(str(tmp_path), "storage.log"))
@@ -57,6 +58,6 @@ def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint
     assert not os.path.exists(os.path.join(root, "generated", "storage"))
     assert os.listdir(meta_dir) == []
     # nothing at the endpoint: no new volume, no state object under the tree's key
-    assert {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]} <= volumes_before
+    assert ec2.describe_volumes(Filters=[{"Name": "tag:csis_config", "Values": [key]}])["Volumes"] == []
     objects = ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s" % key).get("Contents", [])
     assert objects == []

@@ -267,11 +267,17 @@ def checkout_fingerprint() -> Dict[str, Any]:
 def start_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str], log: str, *,
                    overlays: Sequence[str] = (), extra_vars: Optional[Mapping[str, Any]] = None,
                    env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
-    """Start a run in its own process group (so the whole run can be killed at once)."""
+    """Start a run in its own process group (so the whole run can be killed at once).
+
+    Its ``TMPDIR`` is a ``tmp`` directory beside ``log`` (unless ``env`` gives one): a run killed
+    with SIGKILL leaves there, in the test's own directory, what its processes could not remove
+    (the apply module's unpacked payload, the provider's plugin sockets)."""
     argv = playbook_argv(playbook, config_root, overlays, False, True, extra_vars)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(log)), "tmp")
+    os.makedirs(tmp, exist_ok=True)
     fh = open(log, "wb")
-    return subprocess.Popen(argv, cwd=REPO, env=run_env(endpoint_env, env), stdin=subprocess.DEVNULL,
-                            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(argv, cwd=REPO, env=run_env(endpoint_env, dict({"TMPDIR": tmp}, **(env or {}))),
+                            stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _proc_table() -> Dict[int, Dict[str, Any]]:
