@@ -237,22 +237,60 @@ def tf_env() -> Dict[str, str]:
 
 # ------------------------------------------------------------------ where the suite's time goes
 _FILE_SECONDS: Dict[str, float] = {}
+_FILE_CPU: Dict[str, float] = {}
 _FILE_TESTS: Dict[str, int] = {}
+_CPU_KEY = "csis_cpu_seconds"
+
+
+def _cpu_now() -> float:
+    """CPU seconds (user + system) of this process and of every process it has waited for,
+    theirs included (a playbook's terraform and provider); not a detached process (the async
+    apply's terraform) nor the shared moto server."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+_LAST_CPU = [_cpu_now()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    """Each report (setup, call, teardown) carries the CPU used since the previous one, as a
+    user property (xdist sends those to the controller)."""
+    outcome = yield
+    now = _cpu_now()
+    outcome.get_result().user_properties.append((_CPU_KEY, now - _LAST_CPU[0]))
+    _LAST_CPU[0] = now
 
 
 def pytest_runtest_logreport(report: Any) -> None:
-    """Sum setup, call and teardown time per test file (on the xdist controller too)."""
+    """Sum setup, call and teardown time and CPU per test file (on the xdist controller too)."""
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    for key, value in getattr(report, "user_properties", None) or ():
+        if key == _CPU_KEY:
+            _FILE_CPU[path] = _FILE_CPU.get(path, 0.0) + float(value)
     if report.when == "call":
         _FILE_TESTS[path] = _FILE_TESTS.get(path, 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """The 15 test files that took longest (worker seconds), so the suite's budget stays visible."""
+    """The 15 test files that took longest (worker seconds), and their CPU, so the suite's budget
+    stays visible; then the 15 that used the most CPU, when those differ."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not _FILE_SECONDS:
         return
-    total = sum(_FILE_SECONDS.values())
-    terminalreporter.write_sep("=", "slowest test files (worker seconds; %.0f s in all)" % total)
-    for path, secs in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
-        terminalreporter.write_line("%8.1f s  %4d tests  %s" % (secs, _FILE_TESTS.get(path, 0), path))
+    total, cpu = sum(_FILE_SECONDS.values()), sum(_FILE_CPU.values())
+    terminalreporter.write_sep("=", "slowest test files (worker seconds; %.0f s in all; CPU: %.0f s, the workers' "
+                                    "and what they waited for, not detached applies nor moto)" % (total, cpu))
+    slowest = sorted(_FILE_SECONDS, key=lambda p: -_FILE_SECONDS[p])[:15]
+    for path in slowest:
+        terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
+            _FILE_SECONDS[path], _FILE_CPU.get(path, 0.0), _FILE_TESTS.get(path, 0), path))
+    hungriest = sorted(_FILE_CPU, key=lambda p: -_FILE_CPU[p])[:15]
+    if _FILE_CPU and set(hungriest) != set(slowest):
+        terminalreporter.write_sep("-", "most CPU")
+        for path in hungriest:
+            terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
+                _FILE_SECONDS.get(path, 0.0), _FILE_CPU[path], _FILE_TESTS.get(path, 0), path))
