@@ -263,6 +263,9 @@ def test_a_reader_in_another_checkout_never_returns_half_a_commit(checkouts):
                                                  r"for all of the \d+ s this read waited \(writer: .*paused writer"):
             b.load(LP)
         looked = ends_before_lock_check(b, thread, go)  # A's commit ends, its lock removed, before B looks
+        # the hook waits for A's commit to end inside B's read, and that read's clock runs meanwhile:
+        # on a loaded machine A's last deletions and its revision take more than the 1 s above
+        b.lock_timeout = 30
         assert sorted(b.load(LP)["instances"]) == ["only"]
         assert looked
     finally:
