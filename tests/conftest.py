@@ -120,11 +120,12 @@ SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
 # (longest-processing-time first) lets the short files fill the workers at the end.
 #
 # The order below is the files' worker seconds in a full run (the table pytest prints at the
-# end, "slowest test files"), heaviest first. Files not listed follow, most tests first
-# (xdist's own default order). Refine it from that table when a file's weight changes.
+# end, "slowest test files"), longest first: every file of 8 s or more (2026-12-04). Files not
+# listed follow, the end-to-end directories' (integration, faults) before the others, then most
+# tests first: a new end-to-end file of one or two tests must not start after every unit file
+# and leave one worker alone in it at the end. Refine the list from that table when a file's
+# weight changes.
 HEAVIEST_FIRST = (
-    # every file that took 8 s or more in a full run with four workers (2026-12-04): an end-to-end
-    # file of one or two tests left unlisted would start last, after the unit files
     "tests/integration/test_day2_instances.py",
     "tests/integration/test_lifecycle_ebs_e2e.py",
     "tests/integration/test_lifecycle_e2e.py",
@@ -163,6 +164,9 @@ HEAVIEST_FIRST = (
     "tests/integration/test_verify_playbook.py",
 )
 
+#: unlisted files under these run before the other unlisted ones
+END_TO_END_DIRS = ("tests/integration/", "tests/faults/")
+
 
 def _file_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
@@ -171,7 +175,8 @@ def _file_of(item: pytest.Item) -> str:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list) -> None:
-    """Files in HEAVIEST_FIRST order, then the others by number of tests (descending);
+    """Files in HEAVIEST_FIRST order, then the others: end-to-end directories first, then by
+    number of tests (descending);
     the order inside a file is kept. Deterministic, so every xdist worker collects the
     same list (xdist requires it). --ff / --nf keep their own order."""
     if config.getoption("failedfirst", False) or config.getoption("newfirst", False):
@@ -188,8 +193,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         i, item = indexed
         path = _file_of(item)
         if path in rank:
-            return (0, rank[path], 0, i)
-        return (1, 0, -counts[path], first_seen[path], i)
+            return (0, rank[path], 0, 0, i)
+        end_to_end = path.startswith(END_TO_END_DIRS)
+        return (1, 0 if end_to_end else 1, -counts[path], first_seen[path], i)
 
     items[:] = [item for _pos, item in sorted(enumerate(items), key=key)]
 
