@@ -64,11 +64,10 @@ sys.exit(rc if rc >= 0 else 128 - rc)
 def table(calls: List[Dict], total_cpu: float) -> str:
     by: Dict[str, Dict[str, float]] = {}
     for c in calls:
-        e = by.setdefault(c["sub"] or "(none)", {"calls": 0, "cpu": 0.0, "sys": 0.0, "wall": 0.0})
+        e = by.setdefault(c["sub"] or "(none)", {"calls": 0, "cpu": 0.0, "sys": 0.0})
         e["calls"] += 1
         e["cpu"] += c["user"] + c["sys"]
         e["sys"] += c["sys"]
-        e["wall"] += c["wall"]
     tf_cpu = sum(e["cpu"] for e in by.values())
     lines = ["| terraform command | calls | CPU (s) | of which system | CPU per call | share of the run's CPU |",
              "|---|---:|---:|---:|---:|---:|"]
