@@ -7,10 +7,12 @@ Waits on the controller for an async job that a task started with ``poll: 0`` on
 connection is local (the csis.infra root hosts): it reads the job's results file every 0.2
 s (no module run per look, unlike ``async_status``, so the wait costs no processes and
 ends at most 0.2 s after the job) and prints a progress line every ``interval``
-seconds with the last line of ``log`` (terraform's output as it comes)."""
+seconds with the last line of ``log`` (terraform's output as it comes). Every two seconds
+while the job says "started" it looks whether a process of the job still lives
+(module_utils/csis/apply/asyncjob.py): a job killed before it wrote its result fails the task
+within seconds, naming the job, instead of waiting out ``timeout``."""
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -18,23 +20,13 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import asyncjob
+
 display = Display()
 
 LOOK = 0.2
-
-
-def _read(path):
-    """The job's results, None while it has written nothing readable yet."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+#: seconds between two looks at whether a process of the job still lives (while it says "started")
+ALIVE_EVERY = 2.0
 
 
 def _last_line(path):
@@ -76,12 +68,22 @@ class ActionModule(ActionBase):
         label = args.get("label") or self._task.get_name()
         started = time.monotonic()
         next_line = started + interval
+        next_alive = started  # the first look at once: the job's processes are there to be seen
+        watch = asyncjob.JobWatch(str(job["ansible_job_id"]))
         first = True
         while True:
-            data = _read(path)
-            if data is not None and "started" not in data:
+            data = asyncjob.read_results(path)
+            if asyncjob.finished(data):
                 break  # the module's result (or async_wrapper's failure): the job is done
             now = time.monotonic()
+            if now >= next_alive:
+                next_alive = now + ALIVE_EVERY
+                if watch.alive() is False:
+                    data = asyncjob.read_results(path)  # it may have written its result, then exited
+                    if asyncjob.finished(data):
+                        break
+                    self._forget(path)
+                    raise AnsibleActionFail(asyncjob.gone_message(label, job["ansible_job_id"], path, data, log))
             if timeout and now - started > timeout:
                 raise AnsibleActionFail("%s: the job %s did not finish within %d s" % (label, job["ansible_job_id"], timeout))
             if now >= next_line:
@@ -92,13 +94,18 @@ class ActionModule(ActionBase):
                 first = False
                 next_line = now + interval
             time.sleep(LOOK)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        self._forget(path)
         for key in ("started", "finished", "results_file"):
             data.pop(key, None)
         data.pop("_ansible_suppress_tmpdir_delete", None)
         result.update(data)
         result["seconds"] = round(time.monotonic() - started, 1)
         return result
+
+    @staticmethod
+    def _forget(path):
+        """Remove the job's results file (read, or of a job that will never write one)."""
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

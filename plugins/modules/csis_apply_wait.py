@@ -21,6 +21,10 @@ description:
     comes). It then returns the job's result as the task's own and removes the results file.
   - The task fails as the job failed. It also fails when O(timeout) passes first. The job then goes on, and terraform's
     own bound (C(csis_apply_timeout)) stops it.
+  - While the job says it runs, it looks every 2 s whether a process of the job (Ansible's C(async_wrapper)) still lives.
+    When none does any more and the results file still says C(started), the job was killed before it could write a result
+    (C(kill -9), the kernel's OOM killer). The task then fails at once, naming the job, and removes its results file. Where
+    the controller has no C(/proc) (not Linux) it cannot look, and only O(timeout) ends such a wait.
 extends_documentation_fragment:
   - csis.infra.attributes
   - csis.infra.attributes.platform

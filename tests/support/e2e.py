@@ -229,14 +229,31 @@ def run_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str
 
 
 def run_to_end(argv: List[str], env: Mapping[str, str], timeout: float, log: Optional[str]) -> Run:
-    """Run ``argv`` from the repository root with no standard input; keep its output (in ``log`` too)."""
+    """Run ``argv`` from the repository root with no standard input; keep its output (in ``log`` too).
+
+    Past ``timeout`` the whole run is killed (:func:`kill_tree`: ansible-playbook and the workers
+    it forked, which would otherwise live on, e.g. in a wait), its output so far is kept in ``log``,
+    and ``subprocess.TimeoutExpired`` is raised."""
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=dict(env), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    out = proc.stdout.decode("utf-8", "replace")
+    proc = subprocess.Popen(argv, cwd=REPO, env=dict(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    expired = False
+    try:
+        raw, _err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        expired = True
+        kill_tree(proc.pid)
+        try:  # a process outside the tree that still holds the pipe must not hang the test
+            raw, _err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.wait()
+            raw = b"(its output could not be read: a process outside the run holds its pipe)\n"
+    out = raw.decode("utf-8", "replace")
     if log:
         with open(log, "w", encoding="utf-8") as fh:
             fh.write(out)
+    if expired:
+        raise subprocess.TimeoutExpired(argv, timeout, output=raw)
     return Run(argv, proc.returncode, out, time.monotonic() - t0)
 
 

@@ -26,7 +26,7 @@ import os
 import socket
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .. import aws, terraform
+from .. import aws, procs, terraform
 from ..tfstate import backend_of, s3_state_key
 from ..errors import CsisError
 from .errored import check_errored_state
@@ -88,19 +88,15 @@ def _same_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """terraform/tofu processes on this machine working on a root with the same state."""
     found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
+    for pid in procs.pids():
+        if pid == os.getpid():
+            continue
+        argv = procs.argv_of(pid)
+        if not argv or os.path.basename(argv[0]) not in TERRAFORM_NAMES or procs.stat_fields(pid) is None:
             continue
         try:
-            with open("/proc/%s/cmdline" % pid, "rb") as fh:
-                argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
-            if not argv or os.path.basename(argv[0]) not in TERRAFORM_NAMES:
-                continue
-            with open("/proc/%s/stat" % pid, "r", encoding="utf-8", errors="replace") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
             cwd = os.readlink("/proc/%s/cwd" % pid)
-        except (OSError, IndexError):
+        except OSError:
             continue
         try:
             with open("/proc/%s/environ" % pid, "rb") as fh:

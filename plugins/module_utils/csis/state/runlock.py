@@ -36,6 +36,7 @@ import signal
 import time
 from typing import Any, Dict, List, Optional
 
+from .. import procs
 from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, holder_text, open_objects
 
 RUN_LOCK_NAME = ".run.lock"
@@ -55,24 +56,6 @@ class RunLockBusy(LockBusy):
 
 
 # --------------------------------------------------------------------------- the run's process
-def _stat(pid: int) -> Optional[List[str]]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first), None when gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "r", encoding="utf-8", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if not fields or fields[0] in ("Z", "X") else fields
-
-
-def _argv(pid: int) -> List[str]:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return [a.decode("utf-8", "replace") for a in handle.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
 def _is_playbook(argv: List[str]) -> bool:
     return any(os.path.basename(a).startswith("ansible-playbook") for a in argv[:2])
 
@@ -105,10 +88,10 @@ def controller(start: Optional[int] = None) -> Dict[str, Any]:
     pid = os.getppid() if start is None else start
     chain = []
     while pid > 1:
-        fields = _stat(pid)
+        fields = procs.stat_fields(pid)
         if fields is None:
             break
-        argv = _argv(pid)
+        argv = procs.argv_of(pid)
         chain.append((pid, fields[19], argv, _is_playbook(argv)))
         pid = int(fields[1])
     if not chain:
@@ -130,7 +113,7 @@ def controller_info() -> Dict[str, Any]:
 
 
 def alive(pid: int, start: str) -> bool:
-    fields = _stat(pid)
+    fields = procs.stat_fields(pid)
     return fields is not None and fields[19] == start
 
 
