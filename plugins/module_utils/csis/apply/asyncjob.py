@@ -97,6 +97,7 @@ def gone_message(label: str, job_id: str, results_file: str, data: Optional[Dict
     follow = " Its output so far: %s." % log if log else ""
     return ("%s: the job %s is gone: its results file %s %s, but no process of the job (%s) is alive. It was "
             "killed (kill -9, the kernel's OOM killer) before it could write a result, and nothing will write one "
-            "now. Nothing was recorded. A terraform it had started is stopped gracefully by its supervisor (one SIGINT "
-            "when a process above it is gone), and the next run checks the root's state lock before it plans.%s"
+            "now. Nothing was recorded. A terraform it started gets one SIGINT from its supervisor once the module above "
+            "it or this run's ansible-playbook is gone (when this run ends, at the latest), and the next run checks the "
+            "root's state lock before it plans.%s"
             % (label, job_id, results_file, said, WRAPPER, follow))
