@@ -19,7 +19,6 @@ import json
 import os
 import re
 import subprocess
-import warnings
 
 import pytest
 
@@ -80,24 +79,13 @@ def test_runtime_tags_reach_the_volume_and_an_old_style_archive_is_restored(moto
     assert nothing or (plans and all(p == ("0", "0", "0") for p in plans)), tail(res)
 
 
-#: moto's answers to a security group's rules that one re-apply gets past: seen twice in many suite
-#: runs, each on a new group's default egress rule (a revoke finding no rule, an authorize finding it
-#: already there), as when a request the server carried out is sent again. The local endpoint now
-#: answers an SDK's retry of a call it carried out without carrying it out twice (local_aws.py,
-#: AttemptLog; docs/local-endpoint.md); this re-apply stays as a fallback until suite runs show the
-#: endpoint's answer is the whole story (the server log names every retry). When it is needed it
-#: says so in pytest's warnings summary, so a run shows whether the fallback is still used
-MOTO_SG_RULE_RACE = ("InvalidPermission.Duplicate", "InvalidPermission.NotFound")
-
-
 def _tf(env, cwd, *args):
+    """One terraform command, which must succeed. No re-apply on moto's security group rule
+    answers any more: the local endpoint answers an SDK's retry of a call it carried out without
+    carrying it out twice (local_aws.py, AttemptLog; docs/local-endpoint.md); the re-apply this test
+    kept as a fallback went unused in every suite run after that fix."""
     proc = subprocess.run(["terraform", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
-    if proc.returncode != 0 and args[:1] == ("apply",) and any(m in proc.stderr for m in MOTO_SG_RULE_RACE):
-        warnings.warn("test_manual_gaps_moto: terraform apply in %s failed on moto's security group rule answer "
-                      "(MOTO_SG_RULE_RACE) and is applied once more: %s" % (cwd, proc.stderr.strip()[-600:]))
-        proc = subprocess.run(["terraform", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-                              check=False)
     assert proc.returncode == 0, "terraform %s -> %d\n%s\n%s" % (
         " ".join(args), proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])
     return proc
