@@ -141,8 +141,8 @@ def test_a_killed_job_fails_the_wait_naming_it_and_a_live_one_is_waited_for(tmp_
                 sleeper, wrappers = _job_of("%s-%s" % (marker, case))
                 if sleeper is None or len(wrappers) < 2:  # the module's wrapper and its supervisor
                     continue
-                if case == "whole":
-                    _kill([sleeper] + wrappers)
+                if case == "whole":  # the wrappers first: none is left to write the sleeper's end
+                    _kill(wrappers + [sleeper])
                 else:
                     _kill(wrappers[:1])  # the wrapper that runs the module: its child lives on
                     left.append(sleeper)
