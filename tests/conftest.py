@@ -313,3 +313,20 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for path in hungriest:
             terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
                 _FILE_SECONDS.get(path, 0.0), _FILE_CPU[path], _FILE_TESTS.get(path, 0), path))
+    moto = _moto_cpu(config)
+    if moto is not None:
+        terminalreporter.write_line("the shared moto server (every test's AWS endpoint): %.0f s of CPU" % moto)
+
+
+def _moto_cpu(config: pytest.Config) -> Any:
+    """CPU seconds (user + system) the shared moto server has used so far; None without one."""
+    la = getattr(config, "_csis_shared_moto", None)
+    rec = la.recorded() if la is not None else None
+    if not rec:
+        return None
+    try:
+        with open("/proc/%d/stat" % int(rec["pid"]), "r", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
