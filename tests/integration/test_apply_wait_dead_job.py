@@ -12,7 +12,8 @@ the tofu_root role starts its apply), in one real ``ansible-playbook`` run:
   killer does: one process), while the module's own child lives on, fails the same way: no
   process is left that could write its result.
 
-The results files go to the test's own ``ANSIBLE_ASYNC_DIR``; the wait removes them.
+The results files go to the test's own ``ANSIBLE_ASYNC_DIR`` (the wait removes them), and the
+jobs' payloads to its own ``ANSIBLE_REMOTE_TMP``.
 """
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def test_a_killed_job_fails_the_wait_naming_it_and_a_live_one_is_waited_for(tmp_
     playbook, out, async_dir = tmp_path / "play.yml", tmp_path / "out.json", tmp_path / "async"
     playbook.write_text(PLAY, encoding="utf-8")
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(e2e.REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_ASYNC_DIR=str(async_dir))
+               ANSIBLE_ASYNC_DIR=str(async_dir), ANSIBLE_REMOTE_TMP=str(tmp_path / "remote"),
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"))  # a killed job's payload stays here, not in ~/.ansible
     log = open(str(tmp_path / "run.log"), "wb")
     proc = subprocess.Popen([e2e.PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"marker": marker, "out": str(out)})],
                             cwd=str(tmp_path), env=env, stdin=subprocess.DEVNULL, stdout=log,

@@ -288,14 +288,17 @@ def start_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, s
 
     Its ``TMPDIR`` is a ``tmp`` directory beside ``log`` (unless ``env`` gives one): a run killed
     with SIGKILL leaves there, in the test's own directory, what its processes could not remove
-    (the apply module's unpacked payload, the provider's plugin sockets). Its
-    ``ANSIBLE_ASYNC_DIR`` is ``tmp/async``: the results file of an async apply killed with the
-    run stays there, not in the user's ``~/.ansible_async``."""
+    (the apply module's unpacked payload, the provider's plugin sockets). Ansible's own
+    directories go there too, not into the user's home: ``ANSIBLE_ASYNC_DIR`` (``tmp/async``: the
+    results file of an async apply killed with the run), ``ANSIBLE_REMOTE_TMP`` (``tmp/remote``:
+    a killed async job's ``async_wrapper.py`` and module payload) and ``ANSIBLE_LOCAL_TEMP``
+    (``tmp/local``: a killed controller's payload cache)."""
     argv = playbook_argv(playbook, config_root, overlays, False, True, extra_vars)
     tmp = os.path.join(os.path.dirname(os.path.abspath(log)), "tmp")
     os.makedirs(tmp, exist_ok=True)
     fh = open(log, "wb")
-    own = {"TMPDIR": tmp, "ANSIBLE_ASYNC_DIR": os.path.join(tmp, "async")}
+    own = {"TMPDIR": tmp, "ANSIBLE_ASYNC_DIR": os.path.join(tmp, "async"),
+           "ANSIBLE_REMOTE_TMP": os.path.join(tmp, "remote"), "ANSIBLE_LOCAL_TEMP": os.path.join(tmp, "local")}
     return subprocess.Popen(argv, cwd=REPO, env=run_env(endpoint_env, dict(own, **(env or {}))),
                             stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
