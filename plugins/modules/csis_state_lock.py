@@ -21,6 +21,8 @@ description:
     and the module reports C(changed).
   - Any other lock (a live local run, another machine or user) fails with the lock's holder, time,
     operation and ID, and the C(force-unlock) command to use once that run is known to be gone.
+  - The processes of this machine are read from C(/proc) (Linux). Where there is none, a lock of this machine is
+    never released either (whether its holder lives cannot be told) and fails the same way.
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3

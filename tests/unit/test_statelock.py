@@ -70,6 +70,19 @@ def test_a_live_local_holder_is_left_alone(tmp_path, monkeypatch, locked):
     assert calls == []
 
 
+def test_a_local_lock_is_never_released_where_processes_cannot_be_read(tmp_path, monkeypatch, locked):
+    """No /proc (a macOS controller): "no live holder" cannot be told from "cannot look", so the
+    lock stays and the run stops with the procedure."""
+    _info, calls = locked
+    monkeypatch.setattr(sl.procs, "available", lambda: False)
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(_root(tmp_path))
+    assert "cannot be read (no /proc)" in str(exc.value) and "force-unlock abc-123" in str(exc.value)
+    assert calls == []
+    with pytest.raises(sl.StateLockError, match="cannot be read"):
+        sl.live_holders({"type": "s3", "config": {}})
+
+
 def test_another_machines_lock_is_refused_with_the_procedure(tmp_path, monkeypatch, locked):
     info, calls = locked
     info["Who"] = "someone@elsewhere"

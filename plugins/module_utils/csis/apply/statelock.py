@@ -86,7 +86,11 @@ def _same_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """terraform/tofu processes on this machine working on a root with the same state."""
+    """terraform/tofu processes on this machine working on a root with the same state (read from
+    ``/proc``; without it, whether a holder lives cannot be told, and this refuses to say "none")."""
+    if not procs.available():
+        raise StateLockError("this machine's processes cannot be read (no /proc): whether a terraform process "
+                             "here still holds the state lock cannot be told")
     found = []
     for pid in procs.pids():
         if pid == os.getpid():
@@ -142,6 +146,9 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     if info.get("Who") != local_who():
         raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
                              "running: wait for it; %s" % (what, procedure))
+    if not procs.available():
+        raise StateLockError("STATE LOCKED: %s; this machine's processes cannot be read (no /proc), so whether its "
+                             "holder is gone cannot be told: %s" % (what, procedure))
     holders = live_holders(backend)
     if holders:
         pids = ", ".join("%d (%s in %s)" % (h["pid"], " ".join(h["argv"][:2]), h["cwd"]) for h in holders)
