@@ -100,12 +100,8 @@ def assert_meta_state_true(tree, ep):
 
 def assert_all_gone(tree, proc):
     """No process of the killed run is left (a killed process may show for a moment while the
-    kernel tears it down: wait for that, bounded)."""
-    deadline = time.monotonic() + 60
-    left = e2e.run_processes(proc.pid, [tree.root_dir])
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = e2e.run_processes(proc.pid, [tree.root_dir])
+    kernel tears it down: :func:`e2e.processes_left` waits for that, bounded)."""
+    left = e2e.processes_left(proc.pid, [tree.root_dir])
     assert not left, "processes of the killed run live on: %r" % left
 
 

@@ -394,6 +394,19 @@ def kill_tree(root_pid: int, dirs: Sequence[str] = ()) -> List[Dict[str, Any]]:
     return list(killed.values())
 
 
+def processes_left(root_pid: int, dirs: Sequence[str] = (), timeout: float = 60) -> List[Dict[str, Any]]:
+    """The processes of a killed run (:func:`run_processes`) still there after the kernel had up
+    to ``timeout`` seconds to tear them down ([] once all are gone). A process killed with SIGKILL
+    shows for a moment while it exits: the provider's 700 MB address space takes a while to
+    free on a loaded machine (its command line already empty, its parent init)."""
+    deadline = time.monotonic() + timeout
+    left = run_processes(root_pid, dirs)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = run_processes(root_pid, dirs)
+    return left
+
+
 def kill_tree_when(proc: subprocess.Popen, predicate, timeout: float = 1200,
                    poll: float = 0.2, dirs: Sequence[str] = ()) -> Optional[Dict[str, Any]]:
     """SIGKILL the whole run (``proc``, every descendant, and with ``dirs`` the processes working
