@@ -324,9 +324,9 @@ def _moto_cpu(config: pytest.Config) -> Any:
     rec = la.recorded() if la is not None else None
     if not rec:
         return None
-    try:
-        with open("/proc/%d/stat" % int(rec["pid"]), "r", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
+    from ansible_collections.csis.infra.plugins.module_utils.csis import procs  # the collection's /proc reader
+
+    fields = procs.stat_fields(int(rec["pid"]))
+    if fields is None:
         return None
+    return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))  # utime + stime, in ticks

@@ -123,11 +123,11 @@ def _kill(pids):
 
 def test_a_killed_job_fails_the_wait_naming_it_and_a_live_one_is_waited_for(tmp_path):
     marker = "csis-test-%s" % uuid.uuid4().hex[:12]
-    playbook, out, async_dir = tmp_path / "play.yml", tmp_path / "out.json", tmp_path / "async"
+    playbook, out = tmp_path / "play.yml", tmp_path / "out.json"
     playbook.write_text(PLAY, encoding="utf-8")
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(e2e.REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_ASYNC_DIR=str(async_dir), ANSIBLE_REMOTE_TMP=str(tmp_path / "remote"),
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"))  # a killed job's payload stays here, not in ~/.ansible
+    dirs = e2e.ansible_dirs_in(str(tmp_path))  # a killed job's payload stays here, not in ~/.ansible
+    async_dir = dirs["ANSIBLE_ASYNC_DIR"]
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(e2e.REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1", **dirs)
     log = open(str(tmp_path / "run.log"), "wb")
     proc = subprocess.Popen([e2e.PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"marker": marker, "out": str(out)})],
                             cwd=str(tmp_path), env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -171,7 +171,7 @@ def test_a_killed_job_fails_the_wait_naming_it_and_a_live_one_is_waited_for(tmp_
                                         "but no process of the job (async_wrapper) is alive."
                                         % (case, job["ansible_job_id"], job["results_file"])), waited["msg"]
         assert not os.path.exists(job["results_file"])                  # nothing left in the async dir
-    assert os.listdir(str(async_dir)) == []
+    assert os.listdir(async_dir) == []
 
 
 def test_a_run_past_its_timeout_is_killed_with_everything_it_forked(tmp_path):

@@ -281,6 +281,14 @@ def checkout_fingerprint() -> Dict[str, Any]:
     return {"git_status": sorted(status.splitlines()), "examples": files}
 
 
+def ansible_dirs_in(tmp: str) -> Dict[str, str]:
+    """Ansible's async, remote and local temporary directories under ``tmp`` (environment
+    variables): what a killed run leaves there stays in the test's directory, not in ``~/.ansible``
+    or ``~/.ansible_async``."""
+    return {"ANSIBLE_ASYNC_DIR": os.path.join(tmp, "async"), "ANSIBLE_REMOTE_TMP": os.path.join(tmp, "remote"),
+            "ANSIBLE_LOCAL_TEMP": os.path.join(tmp, "local")}
+
+
 def start_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, str], log: str, *,
                    overlays: Sequence[str] = (), extra_vars: Optional[Mapping[str, Any]] = None,
                    env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
@@ -297,8 +305,7 @@ def start_playbook(playbook: str, config_root: str, endpoint_env: Mapping[str, s
     tmp = os.path.join(os.path.dirname(os.path.abspath(log)), "tmp")
     os.makedirs(tmp, exist_ok=True)
     fh = open(log, "wb")
-    own = {"TMPDIR": tmp, "ANSIBLE_ASYNC_DIR": os.path.join(tmp, "async"),
-           "ANSIBLE_REMOTE_TMP": os.path.join(tmp, "remote"), "ANSIBLE_LOCAL_TEMP": os.path.join(tmp, "local")}
+    own = dict(ansible_dirs_in(tmp), TMPDIR=tmp)
     return subprocess.Popen(argv, cwd=REPO, env=run_env(endpoint_env, dict(own, **(env or {}))),
                             stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
