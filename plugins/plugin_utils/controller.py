@@ -47,7 +47,7 @@ from ansible.module_utils.errors import UnsupportedError
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import aws
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import call_run, require_libraries
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import call_run, missing_library
 from ansible_collections.csis.infra.plugins.plugin_utils import vault
 
 MODULES = "ansible_collections.csis.infra.plugins.modules."
@@ -146,6 +146,13 @@ class ControllerAction(ActionBase):
             args = plain(dict(self._task.args))
         except (TypeError, ValueError) as exc:
             raise AnsibleActionFail("%s: the arguments are not plain data: %s" % (self.MODULE, exc)) from exc
+        # before module_args: a plugin that decrypts the tree's values loads it with the
+        # configuration models, which need pydantic (Ansible's "missing required library", not
+        # an AttributeError from deep inside the loader)
+        missing = missing_library(spec.requires)
+        if missing:
+            result.update(failed=True, changed=False, **missing)
+            return result
         try:
             args = self.module_args(args)
         except Done as done:
@@ -169,7 +176,6 @@ class ControllerAction(ActionBase):
         saved = dict(os.environ)
         os.environ.update({str(k): str(v) for k, v in environment.items()})
         try:
-            require_libraries(module, spec.requires)  # type: ignore[arg-type]
             out = call_run(spec.run, module, spec.failure)
         except Done as done:
             out = done.result

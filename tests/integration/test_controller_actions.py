@@ -225,3 +225,24 @@ def test_the_module_process_returns_what_the_worker_returns(tmp_path):
     by_worker = json.loads(out.read_text(encoding="utf-8"))
     for key in ("changed", "path", "summary", "lines"):
         assert by_worker[key] == by_process[key], key
+
+
+def test_a_missing_library_fails_the_task_the_ansible_way_before_the_tree_is_read(tmp_path):
+    """A controller without pydantic: csis_validate's action plugin reads the tree (for its
+    ``!vault`` values) before the module runs, with the configuration models that need pydantic.
+    The task fails with Ansible's "missing required library" message, not an AttributeError
+    from inside the loader. pydantic is hidden from the real ``ansible-playbook``'s Python the way
+    an uninstalled package is (``sys.modules['pydantic'] = None``: ``find_spec`` says None,
+    ``import`` fails), through a ``sitecustomize`` on ``PYTHONPATH``."""
+    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['pydantic'] = None\n", encoding="utf-8")
+    env = dict(_env(), PYTHONPATH=str(hide))
+    res = subprocess.run([PLAYBOOK_BIN, os.path.join(REPO, "playbooks", "validate.yml"), "-e", "csis_config_root=" + tree],
+                         cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "Failed to import the required Python library (pydantic)" in out, out
+    assert "AttributeError" not in out and "model_fields" not in out, out
+    assert not os.path.exists(os.path.join(tree, "generated")), "a failed validation wrote into the tree"

@@ -108,12 +108,21 @@ def reveal_of(module: Any) -> Reveal:
     return revealer(getattr(module, "decrypt", None))
 
 
-def require_libraries(module: AnsibleModule, libraries: Iterable[str]) -> None:
-    """Fail the module (``missing_required_lib``) when one of ``libraries`` is not installed."""
+def missing_library(libraries: Iterable[str]) -> Optional[Dict[str, Any]]:
+    """The failure (``msg``: Ansible's ``missing_required_lib``, ``exception``) for the first of
+    ``libraries`` that is not installed, or None when all are."""
     for name in libraries:
         installed, error = LIBRARIES[name]
         if not installed:
-            module.fail_json(msg=missing_required_lib(name), exception=error)
+            return {"msg": missing_required_lib(name), "exception": error}
+    return None
+
+
+def require_libraries(module: AnsibleModule, libraries: Iterable[str]) -> None:
+    """Fail the module (``missing_required_lib``) when one of ``libraries`` is not installed."""
+    missing = missing_library(libraries)
+    if missing:
+        module.fail_json(**missing)
 
 
 def csis_module(argument_spec: Mapping[str, Any], requires: Iterable[str] = (), **kwargs: Any) -> AnsibleModule:
