@@ -83,6 +83,26 @@ options:
         C(csis-tf-supervise)). O(release_stale_lock) runs its C(force-unlock) and names it in messages.
       - Defaults to O(binary_path).
     type: str
+  reads:
+    description:
+      - The roots whose state this root reads, C(data "terraform_remote_state" "<label>") label to root key
+        (M(csis.infra.csis_render)'s C(roots[].reads)). Used to name them when one of them has no state yet.
+    type: dict
+    default: {}
+  unapplied_upstream:
+    description:
+      - >-
+        What to do when the plan fails only because a root this one reads has no state in its backend yet
+        (terraform's C(Unable to find remote state): that root was never applied; an EFS root reads the identity
+        root's gids, an instance root the identity and storage roots).
+      - V(fail) fails the task, naming those roots and the apply flag that would apply them.
+      - >-
+        V(skip) plans nothing and returns RV(waiting_for) with a warning, for a root that this run does not apply
+        (the C(csis.infra.tofu_root) role passes it for a plan job, a root whose apply flag is off, and an apply job
+        whose plan job approved nothing of the root); it is planned by the first run after those roots applied.
+    type: str
+    choices: [fail, skip]
+    default: fail
   timeout:
     description:
       - Seconds the plan may take. Past them terraform is interrupted (SIGINT, so it releases its state
@@ -111,10 +131,16 @@ EXAMPLES = r'''
   csis.infra.csis_plan:
     project_path: "{{ root_dir }}"
     plan_file: tfplan
-    variables:
-      ephemeral_present: true
     timeout: 1800
   register: planned
+
+- name: Plan the teardown of a root's ephemeral instances (a root that declares them)
+  csis.infra.csis_plan:
+    project_path: "{{ root_dir }}"
+    plan_file: tfplan
+    variables:
+      ephemeral_present: false
+  register: teardown
 
 - name: Gate it (no show -json when terraform said the plan is empty)
   csis.infra.csis_gate_plan:
@@ -173,6 +199,22 @@ stdout:
   description: The end of terraform's output.
   returned: when terraform ran
   type: str
+stderr:
+  description: The end of terraform's error output (its warnings).
+  returned: when terraform planned
+  type: str
+waiting_for:
+  description:
+    - With O(unapplied_upstream=skip), the keys of the roots this root reads that were never applied, when that is
+      why nothing was planned (RV(changes) is then null and RV(msg) says what to do); empty otherwise.
+  returned: always
+  type: list
+  elements: str
+  sample: [identity-posix-groups]
+msg:
+  description: When RV(waiting_for) is not empty, which roots were never applied and how to apply them.
+  returned: when RV(waiting_for) is not empty
+  type: str
 '''
 
 import os
@@ -190,11 +232,14 @@ def _plan(module, p):
     try:
         result = make_plan(p["project_path"], p["plan_file"], p["binary_path"], variables=p["variables"],
                            replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode,
-                           release_stale_lock=p["release_stale_lock"], real_binary=p["real_binary"])
+                           release_stale_lock=p["release_stale_lock"], real_binary=p["real_binary"],
+                           reads=p["reads"], skip_unapplied=p["unapplied_upstream"] == "skip")
     except StateLockError as exc:  # the lock's own message, as csis_state_lock fails with it
         module.fail_json(msg=str(exc), changed=False)
     if (result.get("state_lock") or {}).get("released"):
         module.warn(result["state_lock"]["msg"])
+    if result.get("waiting_for"):
+        module.warn("not planned: " + result["msg"])
     return result
 
 
@@ -210,6 +255,8 @@ RUN = ModuleRun(_plan, argument_spec(
     timeout=dict(type="int", default=0),
     release_stale_lock=dict(type="bool", default=False),
     real_binary=dict(type="str"),
+    reads=dict(type="dict", default={}),
+    unapplied_upstream=dict(type="str", default="fail", choices=["fail", "skip"]),
 ), failure={"prefix": "plan: ", "changed": False}, options=dict(supports_check_mode=True))
 
 

@@ -24,8 +24,8 @@ import pytest  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import binding as b  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import plan_content_digest  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import make_plan  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.errors import GateRefused  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.tfplan import UpstreamNotApplied, make_plan  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.errors import GateError, GateRefused  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.terraform import TerraformError, terraform_env  # noqa: E402
 
 PLAYBOOK_BIN = os.path.join(_REPO, ".venv", "bin", "ansible-playbook")
@@ -119,6 +119,52 @@ def test_a_failing_plan_names_the_root_and_records_no_plan(root):
     assert binding is not None and "plan" not in binding
     with pytest.raises(GateRefused):
         run_gate(root, "tfplan")
+
+
+def test_a_root_whose_upstream_was_never_applied_is_named_failed_or_left_unplanned(root, tmp_path):
+    """A root that reads another's state (an EFS root the identity root's gids) cannot be planned
+    before that root's first apply: terraform's "Unable to find remote state". The plan names the
+    root it reads and the flag that applies it; for a root the run does not apply it plans nothing
+    and says what it waits for; once the upstream applied, the root plans."""
+    up = tmp_path / "up"
+    up.mkdir()
+    (up / "main.tf").write_text('output "group_gids" {\n  value = { coops = 2001 }\n}\n')
+    with open(os.path.join(root, "main.tf"), "a", encoding="utf-8") as fh:
+        fh.write(textwrap.dedent("""\
+            data "terraform_remote_state" "posix_groups" {
+              backend = "local"
+              config = {
+                path = "../up/terraform.tfstate"
+              }
+            }
+            resource "terraform_data" "reads" {
+              input = data.terraform_remote_state.posix_groups.outputs.group_gids["coops"]
+            }
+            """))
+    reads = {"posix_groups": "identity-posix-groups"}
+    with pytest.raises(UpstreamNotApplied) as exc:
+        make_plan(root, reads=reads)
+    assert exc.value.roots == ["identity-posix-groups"] and exc.value.labels == ["posix_groups"]
+    msg = str(exc.value)
+    assert msg.startswith(root + ": this root reads the state of identity-posix-groups "
+                                 "(data.terraform_remote_state.posix_groups), and no state is stored for it")
+    assert "config.apply_identity" in msg, msg
+    binding = b.read_binding(os.path.join(root, "tfplan"))
+    assert binding is not None and "plan" not in binding
+    with pytest.raises(GateError, match="the plan is marked errored"):  # terraform saved an errored plan
+        run_gate(root, "tfplan")
+
+    unplanned = make_plan(root, reads=reads, skip_unapplied=True)
+    assert unplanned["waiting_for"] == ["identity-posix-groups"] and unplanned["changes"] is None
+    assert unplanned["summary"] == "not planned: it reads identity-posix-groups, never applied"
+    assert unplanned["msg"] == msg
+    assert "plan" not in b.read_binding(os.path.join(root, "tfplan"))
+
+    tf(str(up), "init", "-input=false", "-no-color")
+    tf(str(up), "apply", "-auto-approve", "-input=false", "-no-color")
+    planned = make_plan(root, reads=reads, skip_unapplied=True)
+    assert planned["changes"] is True and planned["waiting_for"] == [], planned
+    assert planned["summary"].startswith("Plan: 2 to add")
 
 
 def test_the_timeout_interrupts_terraform(root, tmp_path):

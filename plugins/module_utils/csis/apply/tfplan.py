@@ -26,13 +26,59 @@ import re
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..terraform import TerraformError, terraform_env
+from .applycheck import LIFECYCLE_KEYS
 from .binding import open_binding, plan_path_of, read_binding, record_plan, sha256_file
 from .statelock import check_and_release
 
 _SUMMARY = re.compile(r"^(Plan: .*|No changes\..*)$", re.M)
+#: where each of terraform's error diagnostics starts (``-no-color``), and what a
+#: ``data "terraform_remote_state"`` without a stored state says
+_ERROR = re.compile(r"^Error: ", re.M)
+_NO_REMOTE_STATE = "Unable to find remote state"
+_REMOTE_STATE_REF = re.compile(r"\bdata\.terraform_remote_state\.([A-Za-z0-9_-]+)")
+
+
+class UpstreamNotApplied(TerraformError):
+    """The plan failed only because roots this one reads have no state yet: they were never
+    applied. ``labels``: their ``data "terraform_remote_state"`` names; ``roots``: their keys."""
+
+    def __init__(self, message: str, labels: Sequence[str], roots: Sequence[str]) -> None:
+        super().__init__(message)
+        self.labels = list(labels)
+        self.roots = list(roots)
+
+
+def unapplied_upstreams(stderr: str) -> List[str]:
+    """The ``terraform_remote_state`` data sources terraform found no state for, in its order,
+    when those are the plan's only errors (``Error: Unable to find remote state`` ... ``with
+    data.terraform_remote_state.<label>``); [] when any other error is among them (that one is
+    the failure to show) or none is."""
+    parts = _ERROR.split(stderr or "")[1:]
+    labels: List[str] = []
+    for part in parts:
+        ref = _REMOTE_STATE_REF.search(part)
+        if not part.startswith(_NO_REMOTE_STATE) or ref is None:
+            return []
+        if ref.group(1) not in labels:
+            labels.append(ref.group(1))
+    return labels
+
+
+def upstream_message(root: str, labels: Sequence[str], reads: Mapping[str, str]) -> Tuple[List[str], str]:
+    """The keys of the roots behind ``labels`` (``reads``: label -> root key, csis_render's
+    ``roots[].reads``; a label it does not know stands for itself), and what to tell the operator."""
+    roots = [reads.get(label, label) for label in labels]
+    flags = sorted({"config.%s" % LIFECYCLE_KEYS[r.split("-", 1)[0]] for r in roots if r.split("-", 1)[0] in LIFECYCLE_KEYS})
+    named = ", ".join("%s (data.terraform_remote_state.%s)" % (r, label) for r, label in zip(roots, labels))
+    return roots, ("%s: this root reads the state of %s, and no state is stored for %s in its backend: %s never "
+                   "applied. A root reads another's outputs only after that root's first apply. Apply %s first "
+                   "(a real run of its lifecycle with its apply flag on%s, e.g. site.yml with "
+                   "overlays/apply-all.yml), then plan this root again"
+                   % (root, named, "it" if len(roots) == 1 else "them", "that root was" if len(roots) == 1 else "those roots were",
+                      "it" if len(roots) == 1 else "them", (": " + ", ".join(flags)) if flags else ""))
 
 
 def var_args(variables: Optional[Mapping[str, Any]]) -> List[str]:
@@ -91,7 +137,8 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
               variables: Optional[Mapping[str, Any]] = None, replace: Sequence[str] = (),
               env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
               check_mode: bool = False, release_stale_lock: bool = False,
-              real_binary: Optional[str] = None) -> Dict[str, Any]:
+              real_binary: Optional[str] = None, reads: Optional[Mapping[str, str]] = None,
+              skip_unapplied: bool = False) -> Dict[str, Any]:
     """Open the plan binding, plan to ``plan_file``, record terraform's answer in the binding.
 
     ``release_stale_lock``: first :func:`.statelock.check_and_release` (with ``real_binary``, the
@@ -101,7 +148,12 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
     runs) the lock is not looked at.
 
     Raises :class:`TerraformError` when terraform fails (exit 1), times out or cannot start;
-    the binding then records no plan and the gate refuses whatever plan file is there.
+    the binding then records no plan and the gate refuses whatever plan file is there. When the
+    plan failed only because roots this one reads were never applied, the error is
+    :class:`UpstreamNotApplied`, naming them by ``reads`` (label -> root key); with
+    ``skip_unapplied`` (a root this run does not apply) that is no failure: the result says
+    ``waiting_for`` those roots, with no plan (``changes`` None, the binding records none).
+    ``waiting_for`` is [] otherwise.
     In check mode nothing is written and terraform does not run.
     """
     root = os.path.abspath(project_path)
@@ -115,19 +167,27 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
     if lock is not None:
         result["state_lock"] = lock
     if check_mode:
-        result.update(changes=None, summary="(check mode: not planned)")
+        result.update(changes=None, summary="(check mode: not planned)", waiting_for=[])
         return result
     t0 = time.monotonic()
     proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ, root=root), timeout, "terraform plan")
     seconds = round(time.monotonic() - t0, 2)
     if proc.returncode not in (0, 2) or not os.path.isfile(plan_path):
         err = (proc.stderr or proc.stdout or "").strip()[-3000:]
+        labels = unapplied_upstreams(proc.stderr) if proc.returncode == 1 else []
+        if labels:
+            roots, msg = upstream_message(root, labels, reads or {})
+            if not skip_unapplied:
+                raise UpstreamNotApplied(msg, labels, roots)
+            result.update(changes=None, waiting_for=roots, msg=msg, seconds=seconds,
+                          summary="not planned: it reads %s, never applied" % ", ".join(roots))
+            return result
         raise TerraformError("%s: terraform plan failed (exit %d): %s" % (root, proc.returncode, err))
     empty = proc.returncode == 0
     sha = sha256_file(plan_path)
     binding = read_binding(plan_path)
     if binding is not None:
         record_plan(plan_path, binding, {"plan_sha256": sha, "empty": empty, "exit_code": proc.returncode})
-    result.update(changes=not empty, summary=summary_of(proc.stdout, empty), plan_sha256=sha,
+    result.update(changes=not empty, summary=summary_of(proc.stdout, empty), plan_sha256=sha, waiting_for=[],
                   seconds=seconds, stdout=proc.stdout[-4000:], stderr=proc.stderr[-2000:])
     return result

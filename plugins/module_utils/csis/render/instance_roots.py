@@ -225,6 +225,7 @@ class InstanceRoots(RootPlanner):
         if self.t.config.use_state_backends:
             for (_k, _n), prod in sorted(producers.items()):
                 blocks.append(self.remote_state(prod, d))
+            plan.reads = {m.label(prod.name): "%s-%s" % (lifecycle, prod.name) for (lifecycle, _n), prod in producers.items()}
         if has_vpc:
             vpc = Block("data", "aws_vpc", "csis_instances")
             vpc.attr("provider", Raw("aws.%s" % alias))

@@ -96,6 +96,9 @@ class RootPlan:
     #: the environment that stands in for the provider's endpoints block in csis.infra's own
     #: terraform runs (RootPlanner.endpoint_env; also the root's ENDPOINT_ENV_FILE); no secrets
     endpoint_env: Dict[str, str] = field(default_factory=dict)
+    #: ``{<label>: <root key>}``: the roots whose state this root reads
+    #: (``data "terraform_remote_state" "<label>"``); csis_plan names them when one has no state yet
+    reads: Dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -117,7 +120,7 @@ class RootPlan:
             "decommission": list(self.decommission), "warnings": list(self.warnings),
             "files": sorted(self.files), "aws": dict(self.aws), "required_tags": list(self.required_tags),
             "secrets": {k: dict(v) for k, v in sorted(self.secrets.items())},
-            "endpoint_env": dict(self.endpoint_env),
+            "endpoint_env": dict(self.endpoint_env), "reads": dict(self.reads),
             "deferred": self.deferred(),
         }
 

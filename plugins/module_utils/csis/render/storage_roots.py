@@ -106,6 +106,7 @@ class StorageRoots(RootPlanner):
         blocks: List[Any] = [HEADER, self.terraform_block(sb, backend)] + self.provider_blocks(sb)
         if self.t.config.use_state_backends:
             blocks += [self.remote_state(gb, d) for _name, gb in sorted(identity_ws.items())]
+            plan.reads = {m.label(gb.name): "identity-%s" % gb.name for gb in identity_ws.values()}
         plan.files[main] = document(*blocks)
         plan.endpoint_env = self.endpoint_env(sb)
         bf, btxt = self.backend_file(backend, m.label(sb.name), d, "%s-%s.tfbackend.hcl" % (sb.name, phase))
