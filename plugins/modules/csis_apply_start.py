@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_apply_start
 short_description: Run community.general.terraform with a root's secrets in terraform's environment
-version_added: 0.1.0
+version_added: 0.2.0
 author:
   - csis.infra maintainers (@csis-infra)
 description:
@@ -78,5 +78,15 @@ ansible_job_id:
 results_file:
   description: The async job's results file (with C(async) and no polling).
   returned: when started as an async job
+  type: str
+outputs:
+  description:
+    - Without C(async) (or when it is polled), the task returns M(community.general.terraform)'s own result, as that
+      module documents it; this is its root's outputs (C(terraform output -json)).
+  returned: when not started as an async job
+  type: dict
+command:
+  description: Without C(async), the terraform command M(community.general.terraform) ran.
+  returned: when not started as an async job
   type: str
 """

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_apply_wait
 short_description: Wait for an async apply on the controller and show its progress
-version_added: 0.1.0
+version_added: 0.2.0
 author:
   - csis.infra maintainers (@csis-infra)
 description:

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_approval
 short_description: Receipt a gated plan (plan job) or check and record its approval (apply job, terminal run)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Keeps plan receipts and approval records in the meta-state store, one record per root
     (C(plan-receipts/<root>.yaml), local or S3, so an apply job on another AWX execution node

@@ -9,7 +9,7 @@ DOCUMENTATION = r'''
 ---
 module: csis_audit
 short_description: Add an event that changed no record (a refused gate, a refused apply check) to the meta-state audit trail
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Commits one audit record to the tree's meta-state store (local or S3) that holds the event and
     no record change, under the next revision, with who ran it (the OS user, or the AWX user, job and

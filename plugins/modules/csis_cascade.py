@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_cascade
 short_description: Compute the cascade destroy of an environment, leaves first
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Validates the tree as it is, then computes the cascade destroy of one environment of C(cfg/hierarchy.yml) over
     every runtime whose environment chain holds it, in four phases, leaves first - C(ephemeral) instances, then
@@ -41,10 +41,10 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: The cascade of environment dev
+- name: The cascade of an environment of cfg/hierarchy.yml
   csis.infra.csis_cascade:
     config_root: examples
-    environment: dev
+    environment: example-us-east-2
   register: cascade
 """
 

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_ephemeral_targets
 short_description: The ephemeral machines of an applied csis.infra instance root, as hosts to verify
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - After the apply and the record of an instance root (C(csis.infra.tofu_root)), lists its ephemeral machines
     that stand (the record step said C(launched) or C(standing)), those to verify where they run, those torn down

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_graph
 short_description: Draw a csis.infra tree (accounts, environments, runtimes, builders, storages, instances) with graphviz
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Loads the configuration tree, its meta-state and the last state report (C(generated/state-report.json)), and
     draws accounts, environments, runtimes, builders (one terraform root each), groups, storages and instances.

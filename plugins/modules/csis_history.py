@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_history
 short_description: The audit trail of a csis.infra meta-state, and a record as of a revision
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Every committed meta-state transaction has a revision number and one audit record (who, when, what,
     which records changed with a short diff). This module lists them, oldest first, filtered by instance,

@@ -9,7 +9,7 @@ DOCUMENTATION = r'''
 ---
 module: csis_plan
 short_description: Open the plan binding and plan a terraform root to a plan file, with one terraform call
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Opens the plan binding exactly as M(csis.infra.csis_plan_binding) O(csis.infra.csis_plan_binding#module:state=opened)
     does (the old plan file and binding are deleted, the root's files are hashed), then runs

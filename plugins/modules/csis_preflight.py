@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_preflight
 short_description: Refuse a real csis.infra run that could not finish safely, before anything is planned
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs before a real lifecycle run renders, plans or applies anything (the C(csis.infra.render) role calls it
     first) and fails with every finding, one line each.

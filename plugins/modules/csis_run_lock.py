@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_run_lock
 short_description: Hold a configuration tree for the whole ansible-playbook run (one run per tree at a time)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Takes the tree's run lock, C(meta-state/.run.lock) in the meta-state store (a C(flock) on the local backend; on
     the S3 backend an object created with C(If-None-Match) that expires unless renewed), so that a second run on the

@@ -9,7 +9,7 @@ DOCUMENTATION = r'''
 ---
 module: csis_run_summary
 short_description: Add a root's outcome to the run summary (generated/run-summary.json), or read it
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Merges one root's entry (plan summary, gate verdict, applied or not, meta-state files recorded,
     start, end and duration, status and the failed step) into C(<config_root>/generated/run-summary.json)

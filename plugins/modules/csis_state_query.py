@@ -36,10 +36,10 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Query the state
+- name: Query the state (overlay paths are relative to the configuration root unless absolute)
   csis.infra.csis_state_query:
-    config_root: examples
-    overlays: [.local/aws/overlay.yml]
+    config_root: /srv/trees/platform
+    overlays: [overlays/apply-all.yml]
   register: state
 
 - name: Show it

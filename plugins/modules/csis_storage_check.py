@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_storage_check
 short_description: Refuse to plan a root whose recorded storages are gone from reality
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs before a root is planned (the C(csis.infra.tofu_root) role). Of the root's storages, those meta-state
     records as existing (C(active), C(archived)) are looked up at their runtime's endpoint by their recorded ids,

@@ -20,6 +20,8 @@ description:
   - Uses boto3 with the root's runtime (region, profile, endpoints). A runtime with static keys is reached with them
     (the root's C(secrets), decrypted on the controller with the run's vault secrets), never with the environment's
     credentials; otherwise credentials come from the environment.
+  - The task is C(changed) when the step changed something (a snapshot taken, not an existing one reused; a snapshot
+    deleted; an object removed), not merely because it ran.
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3
@@ -35,7 +37,9 @@ options:
     required: true
 attributes:
   check_mode:
-    details: Reports what it would do; touches nothing.
+    details:
+      - Reads what the step would find (the archive snapshots, whether the bucket holds anything) and reports what it
+        would do and whether that changes something; creates, deletes and waits for nothing.
 """
 
 EXAMPLES = r"""
@@ -47,20 +51,23 @@ EXAMPLES = r"""
 
 RETURN = r"""
 result:
-  description: What the step did (snapshot id, deleted snapshots, objects removed).
+  description:
+    - What the step did (C(snapshot_id) and C(created); C(deleted) snapshots; C(removed) objects, C(absent) for a
+      bucket already gone); in check mode C(would) (what it would do) and the C(transition).
   returned: success
   type: dict
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import run_transition
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import changed_by, probe_transition, run_transition
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun, reveal_of
 
 
 def _transition(module, p):
     if module.check_mode:
-        return dict(changed=p["transition"].get("action") != "record", result={"would": p["transition"]})
+        probe = probe_transition(p["root"], p["transition"], reveal_of(module))
+        return dict(changed=probe["changed"], result={"would": probe["would"], "transition": p["transition"]})
     res = run_transition(p["root"], p["transition"], reveal_of(module))
-    return dict(changed=not res.get("noop") and not res.get("absent"), result=res)
+    return dict(changed=changed_by(p["transition"].get("action"), res), result=res)
 
 
 RUN = ModuleRun(

@@ -92,6 +92,15 @@ evidence:
   returned: always
   type: list
   elements: str
+fs_root:
+  description: The file-system root the checks read (O(fs_root)).
+  returned: always
+  type: str
+time:
+  description: When the machine was checked (UTC, ISO 8601).
+  returned: always
+  type: str
+  sample: "2026-12-04T20:16:04Z"
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: csis_workspace
 short_description: Commit a rendered root to the tree's git workspace, or check that its merge approved it
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Works with the git workspace of the tree (C(workspace:) of C(cfg/_config.yml); docs/operations.md,
     "Git workspace - merge is approval"). The repository is read from the tree (never passed as a

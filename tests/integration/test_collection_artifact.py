@@ -78,11 +78,11 @@ def test_the_artifact_ships_only_what_users_need(artifact: str) -> None:
                  "docs/configuration.md", "README.md", "LICENSE", "changelogs/changelog.yaml",
                  "examples/cfg/_config.yml", "MANIFEST.json", "FILES.json"):
         assert want in names, want
-    assert top <= {"plugins", "roles", "playbooks", "tfmodules", "meta", "docs", "examples", "changelogs", "extensions",
+    assert top <= {"plugins", "roles", "playbooks", "tfmodules", "meta", "docs", "examples", "changelogs",
                    "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.json", "FILES.json"}, sorted(top)
     for gone in ("tests", "benchmarks", "scripts", "ansible.cfg", "pytest.ini", "requirements.txt", "galaxy.yml",
                  "execution-environment.yml", "ee", ".ci", ".venv", ".local", ".git", ".gitignore", ".ansible-lint",
-                 ".ansible-lint-ignore", ".hypothesis", ".pytest_cache", "dist", "context"):
+                 ".ansible-lint-ignore", ".hypothesis", ".pytest_cache", "dist", "context", "extensions"):
         assert gone not in top, gone
     for n in names:
         parts = n.split("/")

@@ -147,3 +147,17 @@ def test_a_root_key_too_long_for_a_record_name_is_stored_under_a_hashed_name(tre
     approvals.request(tree, key, D1, requested_by="alice")
     assert approvals.receipt_key(key) != key and len(approvals.receipt_key(key)) <= 63
     assert approvals.receipts_of(tree, key)[D1]["requested_by"] == "alice"
+
+
+def test_a_missing_or_malformed_digest_is_refused_for_what_it_is_and_nothing_is_written(tree):
+    for call, what in ((lambda d: approvals.request(tree, "storage-aws-ebs", d), "receipt"),
+                       (lambda d: approvals.approve(tree, "storage-aws-ebs", d, method="prompt"), "approve")):
+        with pytest.raises(approvals.ApprovalRefused) as exc:
+            call("")
+        assert str(exc.value) == "storage-aws-ebs: no plan digest to %s (the gate returns plan_digest)" % what
+        for bad in ("abc", "A" * 64, "g" * 64, "a" * 65):
+            with pytest.raises(approvals.ApprovalRefused) as exc:
+                call(bad)
+            assert str(exc.value) == ("storage-aws-ebs: %r is not a plan digest (64 hex characters, the gate's "
+                                      "plan_digest); nothing to %s" % (bad, what))
+    assert not os.path.exists(os.path.join(tree, "meta-state", "plan-receipts"))

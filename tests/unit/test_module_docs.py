@@ -231,3 +231,32 @@ def test_documented_options_match_the_argument_spec(path, monkeypatch):
     if not spec:
         pytest.skip("argument spec built dynamically and the module does not import")
     assert documented == spec, "documented %s vs spec %s" % (sorted(documented), sorted(spec))
+
+
+def _version(text):
+    return tuple(int(x) for x in str(text).split("."))
+
+
+def test_versions_agree_with_the_changelog_and_the_awx_requirements():
+    """galaxy.yml's version is one the changelog has not released yet, every module the last
+    release did not list is ``version_added`` in it, none is added after it, and the AWX
+    project's collections/requirements.yml admits it (an artifact built from the tree
+    installs where the docs say it does)."""
+    galaxy = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml"), encoding="utf-8"))
+    version = _version(galaxy["version"])
+    changelog = yaml.safe_load(open(os.path.join(REPO, "changelogs", "changelog.yaml"), encoding="utf-8"))
+    released = sorted(_version(v) for v in changelog["releases"])
+    assert released and released[-1] < version, "galaxy.yml's version %s is already released" % galaxy["version"]
+    listed = {m["name"] for r in changelog["releases"].values() for m in r.get("modules") or []}
+    for path in MODULES:
+        name = os.path.splitext(os.path.basename(path))[0]
+        added = _version(yaml.safe_load(_docs(path)["DOCUMENTATION"])["version_added"])
+        assert added <= version, name
+        if name not in listed:
+            assert added == version, "%s is new since the last release: version_added %s" % (name, galaxy["version"])
+    requirements = yaml.safe_load(open(os.path.join(REPO, "docs", "awx-project", "collections", "requirements.yml"),
+                                       encoding="utf-8"))
+    spec = [c["version"] for c in requirements["collections"] if c["name"] == "csis.infra"][0]
+    for clause in spec.split(","):
+        op, bound = re.match(r"\s*(>=|<|==)\s*([\d.]+)", clause).groups()
+        assert {">=": version >= _version(bound), "<": version < _version(bound), "==": version == _version(bound)}[op], spec

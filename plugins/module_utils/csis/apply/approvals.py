@@ -26,6 +26,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..config.names import NAME_RE
@@ -85,6 +86,18 @@ def _trim(plans: Dict[str, Any]) -> Dict[str, Any]:
     return {d: plans[d] for d in plans if d in keep}
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_digest(root_key: str, digest: str, what: str) -> None:
+    """Refuse a missing or malformed plan digest (the gate's ``plan_digest``: 64 hex characters)."""
+    if not digest:
+        raise ApprovalRefused("%s: no plan digest to %s (the gate returns plan_digest)" % (root_key, what))
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ApprovalRefused("%s: %r is not a plan digest (64 hex characters, the gate's plan_digest); nothing to %s"
+                              % (root_key, str(digest)[:80], what))
+
+
 def _record(tx: Any, root_key: str) -> Dict[str, Any]:
     rec = tx.load_record(RECEIPTS, receipt_key(root_key)) or {}
     plans = rec.get("plans") if isinstance(rec.get("plans"), dict) else {}
@@ -95,8 +108,7 @@ def request(config_root: str, root_key: str, digest: str, *, summary: str = "", 
             job: Optional[str] = None, workflow: Optional[str] = None, run_id: Optional[str] = None,
             lifecycle: Optional[str] = None, check_mode: bool = False) -> Dict[str, Any]:
     """Write (or refresh) the receipt of ``digest`` for ``root_key``. Returns it."""
-    if not digest or len(digest) != 64:
-        raise ApprovalRefused("%s: no plan digest to receipt (the gate returns plan_digest)" % root_key)
+    _check_digest(root_key, digest, "receipt")
     receipt = {"requested_by": requested_by or os_user(), "requested_at": now_iso(), "plan_job": job,
                "workflow": workflow, "run": run_id, "lifecycle": lifecycle, "summary": summary}
     receipt = {k: v for k, v in receipt.items() if v not in (None, "")}
@@ -127,8 +139,7 @@ def approve(config_root: str, root_key: str, digest: str, *, method: str, approv
     """
     if method not in METHODS:
         raise ApprovalRefused("%s: approval method %r is not one of %s" % (root_key, method, ", ".join(METHODS)))
-    if not digest or len(digest) != 64:
-        raise ApprovalRefused("%s: no plan digest to approve (the gate returns plan_digest)" % root_key)
+    _check_digest(root_key, digest, "approve")
     if pinned is not None and pinned != digest:
         raise ApprovalRefused("%s: the plan differs from the one approved in the plan job (%s != %s); not applying"
                               % (root_key, pinned or "none approved", digest))

@@ -121,6 +121,53 @@ def empty_bucket(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[
 ACTIONS = {"snapshot": snapshot, "delete_archive_snapshot": delete_archive_snapshot, "empty_bucket": empty_bucket}
 
 
+def changed_by(action: Optional[str], res: Mapping[str, Any]) -> bool:
+    """Whether a transition's result changed anything: a snapshot taken (not one found), a
+    snapshot deleted, an object removed."""
+    if action == "snapshot":
+        return bool(res.get("created"))
+    if action == "delete_archive_snapshot":
+        return bool(res.get("deleted"))
+    if action == "empty_bucket":
+        return bool(res.get("removed"))
+    return False
+
+
+def _bucket_holds_anything(s3: Any, bucket: str) -> Optional[bool]:
+    """Whether the bucket holds an object, a version or a delete marker; None when it does not exist."""
+    try:
+        page = s3.list_object_versions(Bucket=bucket, MaxKeys=1)
+    except s3.exceptions.NoSuchBucket:
+        return None
+    return bool(page.get("Versions") or page.get("DeleteMarkers"))
+
+
+def probe_transition(root: Mapping[str, Any], t: Mapping[str, Any], reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+    """What :func:`run_transition` would do, read without changing anything (check mode):
+    ``{"would": <what>, "changed": bool}``."""
+    action = t.get("action")
+    if action == "record":
+        return {"would": "nothing (a record only)", "changed": False}
+    if action not in ACTIONS:
+        raise TransitionError("unknown storage transition action %r" % (action,))
+    access = aws.root_access(root.get("aws") or {}, root.get("secrets"), reveal, "root '%s'" % root.get("key", "?"))
+    try:
+        if action == "empty_bucket":
+            holds = _bucket_holds_anything(aws.client("s3", access), t["bucket"])
+            return {"would": "nothing (no bucket %s)" % t["bucket"] if holds is None else
+                    ("empty bucket %s" % t["bucket"] if holds else "nothing (bucket %s is empty)" % t["bucket"]),
+                    "changed": bool(holds)}
+        found = archive_snapshots(aws.client("ec2", access), t["snapshot_name"], t["storage"], t.get("tags"))
+    except Exception as exc:  # botocore errors: name the storage and the step
+        raise TransitionError("storage '%s': %s (check mode) failed: %s" % (t.get("storage"), action, exc))
+    ids = sorted(str(x.get("SnapshotId")) for x in found)
+    if action == "snapshot":
+        return ({"would": "reuse archive snapshot %s" % ids[-1], "changed": False} if ids else
+                {"would": "snapshot storage %s as %s" % (t["storage"], t["snapshot_name"]), "changed": True})
+    return ({"would": "delete archive snapshot(s) %s" % ", ".join(ids), "changed": True} if ids else
+            {"would": "nothing (no archive snapshot %s)" % t["snapshot_name"], "changed": False})
+
+
 def run_transition(root: Mapping[str, Any], t: Mapping[str, Any], reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     """Carry out transition ``t`` of a rendered root, reaching AWS as the root's runtime
     (``aws.root_access``: its static keys revealed by ``reveal``)."""

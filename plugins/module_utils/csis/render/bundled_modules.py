@@ -9,7 +9,7 @@ csis_render vendors these files into ``generated/.modules/<VERSION>/`` of each t
 """
 from __future__ import annotations
 
-VERSION = '0.1.0'
+VERSION = '0.2.0'
 
 #: "<module>/<file>" -> text
 FILES = {

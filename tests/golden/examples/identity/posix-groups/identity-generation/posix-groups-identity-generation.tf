@@ -9,7 +9,7 @@ terraform {
 }
 
 module "identity" {
-  source = "../../../.modules/0.1.0/identity_groups"
+  source = "../../../.modules/0.2.0/identity_groups"
   groups = {
     coops = 3000
     stofs = 3001

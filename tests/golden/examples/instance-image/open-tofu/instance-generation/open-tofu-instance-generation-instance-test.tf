@@ -3,7 +3,7 @@
 # instance test: builder open-tofu; image imgfile-basic; owning group stofs; policy pinned
 
 module "instance_test" {
-  source = "../../../.modules/0.1.0/aws_instance"
+  source = "../../../.modules/0.2.0/aws_instance"
   providers = {
     aws = aws.open_tofu
   }

@@ -3,7 +3,7 @@
 # instance test2: builder open-tofu; image imgfile-basic-dask; owning group coops; policy pinned
 
 module "instance_test2" {
-  source = "../../../.modules/0.1.0/aws_instance"
+  source = "../../../.modules/0.2.0/aws_instance"
   providers = {
     aws = aws.open_tofu
   }

@@ -3,7 +3,7 @@
 # storage mnt_data (ebs): allowed groups: coops; public_read=false; requested state: active
 
 module "storage_mnt_data" {
-  source = "../../../.modules/0.1.0/aws_storage_ebs"
+  source = "../../../.modules/0.2.0/aws_storage_ebs"
   providers = {
     aws = aws.aws_ebs
   }

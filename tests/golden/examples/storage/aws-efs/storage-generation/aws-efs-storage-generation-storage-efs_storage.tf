@@ -3,7 +3,7 @@
 # storage efs-storage (efs): allowed groups: coops, stofs; public_read=false; requested state: active
 
 module "storage_efs_storage" {
-  source = "../../../.modules/0.1.0/aws_storage_efs"
+  source = "../../../.modules/0.2.0/aws_storage_efs"
   providers = {
     aws = aws.aws_efs
   }

@@ -3,7 +3,7 @@
 # storage default-bucket (s3): allowed groups: none; public_read=true; requested state: active
 
 module "storage_default_bucket" {
-  source = "../../../.modules/0.1.0/aws_storage_s3"
+  source = "../../../.modules/0.2.0/aws_storage_s3"
   providers = {
     aws = aws.aws_s3
   }

@@ -1,0 +1,83 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""csis_storage_transition's steps against the session's moto server (apply/transitions.py):
+check mode reads what the step would find and changes nothing, and a step is ``changed`` only
+when it changed something (a snapshot taken, not reused; a snapshot deleted; an object
+removed). The end-to-end archive, restore and bucket destroy are tests/integration/test_day2_storage.py."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from ansible_collections.csis.infra.plugins.module_utils.csis import aws
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import transitions
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.transitions import (
+    TransitionError, changed_by, probe_transition, run_transition)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def root(moto_endpoint, monkeypatch):
+    for key, value in moto_endpoint.env.items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+    url = moto_endpoint.url
+    return {"key": "storage-aws-ebs", "aws": {"region": "us-east-2", "endpoints": {"ec2": url, "s3": url}}}
+
+
+def step(root, t):
+    """What check mode says, then what the step does, as the module reports them."""
+    probe = probe_transition(root, t)
+    res = run_transition(root, t)
+    return probe, res, changed_by(t["action"], res)
+
+
+def test_check_mode_tells_the_step_that_changes_from_the_one_that_does_not(root, moto_endpoint):
+    ec2, s3 = moto_endpoint.client("ec2"), moto_endpoint.client("s3")
+    tag = "csis-tr-%s" % uuid.uuid4().hex[:8]
+    storage = "mnt_data"
+    name = "csis-%s-archive" % storage
+    vol = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1)["VolumeId"]
+    # the root's terraform state as the step reads it (the archive run reads the real one)
+    state = {"resources": [{"mode": "managed", "module": "module.storage_%s" % storage, "type": "aws_ebs_volume", "name": "this",
+                            "instances": [{"attributes": {"id": vol}}]}]}
+    snap = {"storage": storage, "action": "snapshot", "snapshot_name": name, "tags": {"csis_config": tag}}
+
+    probe = probe_transition(root, snap)
+    assert probe == {"would": "snapshot storage mnt_data as %s" % name, "changed": True}
+    assert not ec2.describe_snapshots(OwnerIds=["self"], Filters=[{"Name": "tag:csis_config", "Values": [tag]}])["Snapshots"]
+    taken = transitions.snapshot(root, snap, aws.root_access(root["aws"], None), state=state, timeout=120)
+    assert taken["created"] is True and changed_by("snapshot", taken)
+    # a second archive run finds it: reused, not changed, and check mode says so first
+    probe, res, changed = step(root, snap)
+    assert probe == {"would": "reuse archive snapshot %s" % taken["snapshot_id"], "changed": False}
+    assert (res["snapshot_id"], res["created"], changed) == (taken["snapshot_id"], False, False)
+
+    delete = {"storage": storage, "action": "delete_archive_snapshot", "snapshot_name": name, "tags": {"csis_config": tag}}
+    probe, res, changed = step(root, delete)
+    assert probe == {"would": "delete archive snapshot(s) %s" % taken["snapshot_id"], "changed": True}
+    assert (res["deleted"], changed) == ([taken["snapshot_id"]], True)
+    probe, res, changed = step(root, delete)
+    assert probe == {"would": "nothing (no archive snapshot %s)" % name, "changed": False}
+    assert (res["deleted"], changed) == ([], False)
+
+    bucket = tag + "-bucket"
+    wipe = {"storage": "b", "action": "empty_bucket", "bucket": bucket}
+    assert probe_transition(root, wipe) == {"would": "nothing (no bucket %s)" % bucket, "changed": False}
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
+    assert probe_transition(root, wipe) == {"would": "nothing (bucket %s is empty)" % bucket, "changed": False}
+    s3.put_object(Bucket=bucket, Key="team/precious.txt", Body=b"data")
+    probe, res, changed = step(root, wipe)
+    assert probe == {"would": "empty bucket %s" % bucket, "changed": True}
+    assert (res["removed"], changed) == (1, True)
+    assert s3.list_object_versions(Bucket=bucket).get("Versions") is None
+    probe, res, changed = step(root, wipe)
+    assert (probe["changed"], res["removed"], changed) == (False, 0, False)
+
+    with pytest.raises(TransitionError, match="unknown storage transition action 'shred'"):
+        probe_transition(root, {"storage": storage, "action": "shred"})
+    assert probe_transition(root, {"storage": storage, "action": "record"}) == {"would": "nothing (a record only)",
+                                                                                 "changed": False}
