@@ -79,5 +79,5 @@ def test_check_mode_tells_the_step_that_changes_from_the_one_that_does_not(root,
 
     with pytest.raises(TransitionError, match="unknown storage transition action 'shred'"):
         probe_transition(root, {"storage": storage, "action": "shred"})
-    assert probe_transition(root, {"storage": storage, "action": "record"}) == {"would": "nothing (a record only)",
-                                                                                 "changed": False}
+    record = probe_transition(root, {"storage": storage, "action": "record"})
+    assert record == {"would": "nothing (a record only)", "changed": False}

@@ -59,10 +59,10 @@ def test_a_root_whose_upstream_was_never_applied(tmp_path, moto_endpoint):
     res = t.play("storage.yml", overlays=("overlays/storage-only.yml",))
     out = text(res)
     assert res.returncode != 0, tail(res)
+    efs_root = os.path.join(t.root, "generated", "storage", "aws-efs", "storage-generation")
     assert ("storage-aws-efs: Plan to a plan file (stale lock of a dead run released, binding opened first) failed: "
             "plan: %s: this root reads the state of identity-posix-groups (data.terraform_remote_state.posix_groups), "
-            "and no state is stored for it in its backend" % os.path.join(t.root, "generated", "storage", "aws-efs",
-                                                                         "storage-generation")) in out, tail(res)
+            "and no state is stored for it in its backend" % efs_root) in out, tail(res)
     assert "apply flag on: config.apply_identity" in out
     assert "Apply exactly that plan file" not in out
     assert not file_systems(t)
