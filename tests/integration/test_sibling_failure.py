@@ -1,0 +1,54 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""One root's apply fails while another root of the same lifecycle applies (real terraform, the
+session's moto server, real ansible-playbook).
+
+The roots apply in parallel, one task for all of them; ``any_errors_fatal`` then stops every
+root at that task, including the one whose apply succeeded, before its record. Its apply
+happened, so it is recorded anyway (tofu_root's rescue), and meta-state holds what exists; the
+root whose apply failed is not recorded, and the run fails. Before the fix the succeeded root
+was left unrecorded until the next run.
+
+The S3 root fails because its bucket already exists (made here, outside the tree); the EBS
+root creates its volume.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from day2_trees import Runner, make_tree, meta, tail, text
+
+pytestmark = pytest.mark.integration
+
+TAG = "csis-sibling"
+BUCKET = "%s-taken" % TAG
+STORAGES = [
+    {"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"], "state": "active"},
+    {"name": "takenb", "type": "aws-s3", "bucket_name": BUCKET, "state": "active"},
+]
+
+
+def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path, moto_endpoint):
+    t = Runner(make_tree(str(tmp_path), TAG, STORAGES, []), moto_endpoint)
+    moto_endpoint.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
+
+    res = t.play("storage.yml")
+    out = text(res)
+    assert res.returncode != 0, tail(res)
+    assert "storage-aws-s3: Apply exactly that plan file failed" in out, tail(res)
+
+    records = meta(t.root, "storage-state.yaml")["storages"]
+    assert set(records) == {"mnt_data"}, records  # the bucket's root failed: nothing of it recorded
+    assert records["mnt_data"]["state"] == "active"
+    vid = records["mnt_data"]["facts"]["volume_id"]
+    vols = moto_endpoint.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"]
+    assert len(vols) == 1 and vols[0]["Size"] == 100
+    with open(os.path.join(t.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        roots = json.load(fh)["roots"]
+    ebs, s3 = roots["storage-aws-ebs"], roots["storage-aws-s3"]
+    assert (ebs["status"], ebs["applied"]) == ("failed", True) and "storage-state.yaml" in ebs["recorded"], ebs
+    assert (s3["status"], s3["applied"], s3["recorded"]) == ("failed", False, []), s3
