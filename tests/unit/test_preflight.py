@@ -26,7 +26,16 @@ def write_report(root, drift):
 
 
 def listing(root):
-    return sorted(os.path.relpath(os.path.join(d, f), root) for d, dirs, files in os.walk(root) for f in files + dirs)
+    """What is in the tree besides its cfg/_config.yml."""
+    return sorted(p for p in (os.path.relpath(os.path.join(d, f), root) for d, dirs, files in os.walk(root)
+                              for f in files + dirs) if p not in ("cfg", os.path.join("cfg", "_config.yml")))
+
+
+def tree_at(tmp_path):
+    """A configuration root: the preflight refuses a directory without cfg/_config.yml."""
+    (tmp_path / "cfg").mkdir(exist_ok=True)
+    (tmp_path / "cfg" / "_config.yml").write_text("config: {}\n", encoding="utf-8")
+    return str(tmp_path)
 
 
 def _chattr_works(tmp_path):
@@ -64,7 +73,7 @@ STALE = {"kind": "storage", "name": "old", "drift": "stale", "hard": False, "det
 
 # --------------------------------------------------------------------------- HARD drift
 def test_no_report_and_an_empty_tree_start(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     res = preflight.preflight(root)
     assert res["hard_drift"] == [] and res["report"] is None
     assert res["meta_state"] == {"path": os.path.join(root, "meta-state"), "exists": False, "files": [],
@@ -73,7 +82,7 @@ def test_no_report_and_an_empty_tree_start(tmp_path):
 
 
 def test_hard_lines_refuse_with_the_reference_message_and_soft_lines_do_not(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     write_report(root, [STALE])
     assert preflight.preflight(root)["report"].endswith("generated/state-report.json")
     write_report(root, [STALE, MISSING])
@@ -86,7 +95,7 @@ def test_hard_lines_refuse_with_the_reference_message_and_soft_lines_do_not(tmp_
 
 
 def test_a_report_that_cannot_be_read_refuses(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     os.makedirs(os.path.join(root, "generated"))
     with open(os.path.join(root, "generated", "state-report.json"), "w", encoding="utf-8") as fh:
         fh.write('{"drift": [')
@@ -96,7 +105,7 @@ def test_a_report_that_cannot_be_read_refuses(tmp_path):
 
 # --------------------------------------------------------------------------- meta-state
 def test_an_existing_meta_state_is_read_probed_and_locked_leaving_nothing(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     write_meta(root, "storage-state.yaml", {"storages": {}})
     before = listing(root)
     res = preflight.meta_state(root)
@@ -107,7 +116,7 @@ def test_an_existing_meta_state_is_read_probed_and_locked_leaving_nothing(tmp_pa
 
 
 def test_a_damaged_meta_state_file_refuses_naming_it(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     os.makedirs(os.path.join(root, "meta-state"))
     open(os.path.join(root, "meta-state", "launch-params.yaml"), "w").close()
     with pytest.raises(preflight.PreflightError, match=r"meta-state/launch-params.yaml: is empty"):
@@ -115,7 +124,7 @@ def test_a_damaged_meta_state_file_refuses_naming_it(tmp_path):
 
 
 def test_meta_state_that_is_a_file_refuses_naming_the_path(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     open(os.path.join(root, "meta-state"), "w").close()
     with pytest.raises(preflight.PreflightError) as err:
         preflight.preflight(root)
@@ -125,7 +134,7 @@ def test_meta_state_that_is_a_file_refuses_naming_the_path(tmp_path):
 
 
 def test_an_immutable_meta_state_directory_refuses_naming_it(tmp_path, immutable):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     write_meta(root, "storage-state.yaml", {"storages": {}})
     immutable(tmp_path / "meta-state")
     with pytest.raises(NotWritable) as err:
@@ -139,7 +148,7 @@ def test_an_immutable_meta_state_directory_refuses_naming_it(tmp_path, immutable
 
 
 def test_an_immutable_meta_state_file_refuses_naming_it(tmp_path, immutable):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     write_meta(root, "storage-state.yaml", {"storages": {}})
     immutable(tmp_path / "meta-state" / "storage-state.yaml")
     with pytest.raises(NotWritable, match=r"meta-state/storage-state.yaml: .* is immutable or append-only"):
@@ -156,7 +165,7 @@ def test_a_missing_meta_state_under_an_unwritable_root_refuses(tmp_path, immutab
 
 
 def test_a_held_lock_is_waited_for_then_named(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     write_meta(root, "storage-state.yaml", {"storages": {}})
     entered, leave = threading.Event(), threading.Event()
 
@@ -188,7 +197,7 @@ def eph_root():
 
 
 def test_ephemeral_targets_from_the_record_the_policies_and_meta_state(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     write_meta(root, "launch-params.yaml", {"instances": {n: {"launched": True} for n in ("e1", "e2", "e4")}})
     write_meta(root, "instance-state.yaml", {"instances": {
         "e1": {"generation": {"ephemeral": 1}, "current": {"number": 1, "kind": "ephemeral", "instance_id": "i-1",
@@ -215,7 +224,7 @@ def test_ephemeral_targets_from_the_record_the_policies_and_meta_state(tmp_path)
 
 
 def test_ephemeral_targets_read_meta_state_through_the_store(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     os.makedirs(os.path.join(root, "meta-state"))
     open(os.path.join(root, "meta-state", "instance-state.yaml"), "w").close()  # truncated to nothing
     with pytest.raises(MetaStateError, match="instance-state.yaml: is empty"):
@@ -235,7 +244,7 @@ STATE = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", 
 
 
 def test_a_failed_record_names_what_was_applied_and_that_a_re_run_records_it(tmp_path):
-    root = str(tmp_path)
+    root = tree_at(tmp_path)
     open(os.path.join(root, "meta-state"), "w").close()  # meta-state cannot be created
     with pytest.raises(record.RecordError) as err:
         record.record_root(root, STORAGE_ROOT, "r1", state=STATE, applied="Plan: 1 to add, 0 to change, 0 to destroy")
@@ -250,3 +259,25 @@ def test_a_failed_record_names_what_was_applied_and_that_a_re_run_records_it(tmp
     with pytest.raises(record.RecordError, match=r"^storage-aws-ebs: recording what terraform state holds "
                                                  r"\(storage mnt_data: not in the state\) in meta-state failed"):
         record.record_root(root, STORAGE_ROOT, "r1", state={"resources": []})
+
+
+def test_a_root_that_is_no_tree_is_refused_before_anything_is_written(tmp_path):
+    missing = str(tmp_path / "missing")
+    with pytest.raises(preflight.MetaStateError, match="the configuration root does not exist or is not a directory"):
+        preflight.preflight(missing)
+    assert not os.path.exists(missing)
+    with pytest.raises(preflight.MetaStateError, match="not a configuration tree: it has no cfg/_config.yml"):
+        preflight.preflight(str(tmp_path))
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_a_damaged_revision_record_refuses_before_the_run_plans(tmp_path):
+    """Every commit reads meta-state/revision.yaml first: a damaged one would fail the first
+    record after an approval; the preflight names it before anything is planned."""
+    root = tree_at(tmp_path)
+    os.makedirs(os.path.join(root, "meta-state"))
+    with open(os.path.join(root, "meta-state", "revision.yaml"), "w", encoding="utf-8") as fh:
+        fh.write("garbage: [\n")
+    with pytest.raises(preflight.PreflightError) as exc:
+        preflight.preflight(root)
+    assert any("meta-state/revision.yaml: is not a revision record" in p for p in exc.value.problems), exc.value.problems

@@ -52,6 +52,8 @@ def test_controller_without_ansible_playbook_is_the_process_itself() -> None:
 
 def test_one_run_at_a_time_and_the_lock_ends_with_its_run(tmp_path: Any) -> None:
     root = str(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "_config.yml").write_text("config: {}\n", encoding="utf-8")
     first, ctl1 = _run()
     second, ctl2 = _run()
     try:
@@ -100,6 +102,8 @@ def test_one_run_at_a_time_and_the_lock_ends_with_its_run(tmp_path: Any) -> None
 
 def test_an_unwritable_store_is_an_error_not_a_wait(tmp_path: Any) -> None:
     root = str(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "_config.yml").write_text("config: {}\n", encoding="utf-8")
     os.makedirs(os.path.join(root, "meta-state"))
     os.mkdir(os.path.join(root, "meta-state", runlock.RUN_LOCK_NAME))  # a directory where the lock file belongs
     proc, ctl = _run()
@@ -111,3 +115,12 @@ def test_an_unwritable_store_is_an_error_not_a_wait(tmp_path: Any) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_root_that_is_no_tree_is_refused_before_meta_state_is_created(tmp_path: Any) -> None:
+    missing = str(tmp_path / "missing")
+    with pytest.raises(runlock.MetaStateError, match="does not exist or is not a directory"):
+        runlock.acquire(missing, timeout=0)
+    with pytest.raises(runlock.MetaStateError, match="not a configuration tree: it has no cfg/_config.yml"):
+        runlock.acquire(str(tmp_path), timeout=0)
+    assert os.listdir(str(tmp_path)) == []

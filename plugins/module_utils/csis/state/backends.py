@@ -720,6 +720,19 @@ def find_state_backend(config_root: str, name: str) -> Tuple[Optional[Any], str,
     return None, "cfg/state-backends*.yml", names
 
 
+def require_tree(config_root: str) -> None:
+    """Refuse a configuration root that is no configuration tree (a missing directory, a file, a
+    directory without ``cfg/_config.yml``: a mistyped or empty ``csis_config_root``, which Ansible's
+    ``realpath`` turns into the current directory) before anything is written there: the steps
+    that lock and write meta-state would otherwise create ``meta-state/`` in it."""
+    if not os.path.isdir(config_root):
+        raise MetaStateError("%s: the configuration root does not exist or is not a directory (check csis_config_root); "
+                             "nothing was written" % config_root)
+    if not os.path.isfile(os.path.join(config_root, CONFIG_REL)):
+        raise MetaStateError("%s: not a configuration tree: it has no %s (check csis_config_root); nothing was written"
+                             % (config_root, CONFIG_REL))
+
+
 def open_objects(config_root: str) -> Any:
     """The backend the tree at ``config_root`` declares (:class:`LocalObjects` by default)."""
     setting = read_setting(config_root)

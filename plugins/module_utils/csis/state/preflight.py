@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import CsisError
 from .drift import DriftError, hard_lines, read_report, report_path
+from .backends import require_tree
 from .store import FILES, MetaState, MetaStateError, NotWritable
 
 #: what a refusal over meta-state adds: why it matters before anything runs
@@ -60,6 +61,7 @@ def meta_state(config_root: str, write: bool = True, lock_timeout: float = 600.0
         except NotWritable as exc:
             raise NotWritable("%s; %s" % (exc, NOT_WRITABLE)) from exc
         out["writable"] = True
+    ms.revision()  # the store's revision record: every commit reads it first
     for name in sorted(FILES):
         ms.load(name)
         if ms.exists(name):
@@ -71,6 +73,7 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
               what: Optional[str] = None) -> Dict[str, Any]:
     """Run the checks (see the module docstring); return ``{hard_drift, report, meta_state}``
     or raise :class:`PreflightError` with every finding (its ``result`` holds what was found)."""
+    require_tree(config_root)  # a mistyped csis_config_root: refused before meta-state/ is created there
     problems: List[str] = []
     directory = MetaState(config_root).dir
     result: Dict[str, Any] = {"hard_drift": [], "report": None,

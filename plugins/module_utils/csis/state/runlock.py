@@ -37,7 +37,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .. import procs
-from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, holder_text, open_objects
+from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, holder_text, open_objects, require_tree
 
 RUN_LOCK_NAME = ".run.lock"
 #: seconds a second run waits for the tree (``csis_run_lock_timeout``)
@@ -173,6 +173,7 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
     holder, notices, controller, waited}`` (``waited``: seconds until it held the tree);
     raises :class:`RunLockBusy` naming the holder after ``timeout`` seconds,
     :class:`MetaStateError` when the store cannot be reached or written."""
+    require_tree(config_root)
     objects = open_objects(config_root)
     ctl = ctl or controller()
     where = objects.label(RUN_LOCK_NAME)
