@@ -455,9 +455,41 @@ def validate_together(binary: str, dirs: Sequence[str],
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _backend_recorded(plan_dir: str) -> bool:
+    """Whether a real run's ``init`` recorded a backend in the root's data directory."""
+    try:
+        data = json.loads(_read(os.path.join(plan_dir, ".terraform", "terraform.tfstate")) or "{}")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(data.get("backend"))
+
+
 def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
                     extra_env: Optional[Mapping[str, str]], initialised: bool) -> List[Dict[str, Any]]:
-    """``validate`` one root (its ``init`` first unless ``initialised``), then stamp it."""
+    """``validate`` one root (its ``init`` first unless ``initialised``), then stamp it.
+
+    A dry run reaches no backend. In a root that a real run initialised, ``init -backend=false``
+    would use the backend recorded there ("what was previously initialized": the S3 state bucket,
+    with credentials), so the dry run's init and validate run in a data directory of their own
+    (``TF_DATA_DIR``, removed after), and the real run's initialisation and init stamp stay."""
+    if dry_run and _backend_recorded(plan_dir):
+        real_init = _read_stamp(plan_dir).get("init")  # the init drops the stamp while it runs
+        scratch = tempfile.mkdtemp(prefix="csis-dry-validate-")
+        try:
+            done = _init_and_validate(plan_dir, binary, dry_run, backend_file,
+                                      dict(extra_env or {}, TF_DATA_DIR=scratch), False)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), real_init)
+        return done
+    done = _init_and_validate(plan_dir, binary, dry_run, backend_file, extra_env, initialised)
+    _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), init_key(plan_dir, binary, dry_run, backend_file))
+    return done
+
+
+def _init_and_validate(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str],
+                       extra_env: Optional[Mapping[str, str]], initialised: bool) -> List[Dict[str, Any]]:
+    """The root's ``init`` (unless ``initialised``) and ``validate``; raises EmitError naming the failing one."""
     done = []
     if not initialised:
         init = next(a for a in terraform.prepare_steps(dry_run, backend_file) if a[0] == "init")
@@ -469,7 +501,6 @@ def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Opt
     done.append(r)
     if r["rc"] != 0:
         raise _failed(plan_dir, r)
-    _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), init_key(plan_dir, binary, dry_run, backend_file))
     return done
 
 
