@@ -13,6 +13,7 @@ import difflib
 import glob
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
 
@@ -67,10 +68,38 @@ def read_yaml(path: str, rel: str, problems: List[Problem], top_key: Optional[st
     return read_config_yaml(path, rel, problems, top_key)[0]
 
 
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def file_problem(path: str, root: Optional[str] = None) -> Optional[str]:
+    """Why a configuration file is not read, or None: it is not a regular file (a named pipe
+    would block the read for ever, a device never end it), or, for a file of the tree at
+    ``root``, a symbolic link that leads out of it (a tree's files are its own: a link to
+    ``/etc/shadow`` would print its lines as unknown keys)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return "cannot read file: %s" % (exc.strerror or exc)
+    if not stat.S_ISREG(mode):
+        kind = next((word for test, word in _FILE_KINDS if test(mode)), "not a regular file")
+        return "is %s, not a regular file: not read" % kind
+    if root is not None:
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+            return "is a symbolic link to %s, outside the configuration root: not read (a tree's files must be inside it)" % real
+    return None
+
+
 def read_config_yaml(path: str, rel: str, problems: List[Problem],
-                     top_key: Optional[str]) -> Tuple[Optional[Dict[str, Any]], bool]:
+                     top_key: Optional[str], root: Optional[str] = None) -> Tuple[Optional[Dict[str, Any]], bool]:
     """:func:`read_yaml`, and whether the text holds a ``!vault`` tag at all (when it does not,
-    :func:`place_vaulted` has nothing to find: a 10,000-instance file is not walked again)."""
+    :func:`place_vaulted` has nothing to find: a 10,000-instance file is not walked again).
+    ``root``: the file is one of the tree at ``root`` (:func:`file_problem`)."""
+    refused = file_problem(path, root)
+    if refused:
+        problems.append(Problem(rel, "", refused))
+        return None, False
     try:
         with open(path, "r", encoding="utf-8") as fh:
             text = fh.read()
@@ -535,7 +564,7 @@ def secret_values(root: str, overlays: Iterable[str] = ()) -> Tuple[List[Vaulted
             continue
         for path in _files(root, pattern):
             rel = os.path.relpath(path, root)
-            data, tagged = read_config_yaml(path, rel, problems, top)
+            data, tagged = read_config_yaml(path, rel, problems, top, root)
             if data is not None and tagged:
                 out.extend(place_vaulted(data, rel, model, problems)[0])
     for ov in overlays:
@@ -656,7 +685,7 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
     if not os.path.exists(cfg_path):
         problems.append(Problem(CONFIG_REL, "", "file is missing (every configuration tree needs cfg/_config.yml with a 'config:' mapping)"))
     else:
-        raw_cfg, tagged = read_config_yaml(cfg_path, CONFIG_REL, problems, "config")
+        raw_cfg, tagged = read_config_yaml(cfg_path, CONFIG_REL, problems, "config", root)
         if raw_cfg is not None and tagged:
             vault_taken |= place_vaulted(raw_cfg, CONFIG_REL, m.ConfigFile, problems)[1]
 
@@ -666,11 +695,11 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
     for ov in overlays:
         ov_abs = ov if os.path.isabs(ov) else os.path.join(root, ov)
         shown = ov
-        if not os.path.isfile(ov_abs):
+        if not os.path.exists(ov_abs):
             problems.append(Problem(shown, "", "overlay file does not exist (a relative overlay path is "
                                                "relative to the configuration root)"))
             continue
-        data, tagged = read_config_yaml(ov_abs, shown, problems, "config")
+        data, tagged = read_config_yaml(ov_abs, shown, problems, "config")  # a directory: refused by name
         if data is None:
             continue
         kept, taken = place_vaulted(data, shown, None, problems) if tagged else ([], set())
@@ -719,7 +748,7 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             tree.unloaded.add(kind)
         for path in paths:
             rel = os.path.relpath(path, root)
-            data, tagged = read_config_yaml(path, rel, problems, top)
+            data, tagged = read_config_yaml(path, rel, problems, top, root)
             if data is None:
                 tree.unloaded.add(kind)
                 continue

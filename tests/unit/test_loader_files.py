@@ -1,0 +1,61 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""What the loader reads as a tree's files (config/loader.py file_problem): only regular files,
+and only inside the tree. A symbolic link out of the tree (to ``/etc/shadow``, another team's
+files) is not read: its lines would come back as "unknown key" problems in the job output. A
+named pipe would block the read for ever, a device (``/dev/zero``) never end it. Every such file
+gets one problem naming it; the rest of the tree loads."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from trees import EXAMPLES, copy_as_shipped
+
+from ansible_collections.csis.infra.plugins.module_utils.csis.config import loader
+
+
+def problems_of(root, overlays=()):
+    _tree, problems = loader.load_tree_partial(root, overlays)
+    return {(p.file, p.message) for p in problems}
+
+
+@pytest.fixture()
+def tree(tmp_path):
+    return copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+
+
+def test_a_link_out_of_the_tree_is_not_read_and_its_content_never_shown(tree, tmp_path):
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("root:*:20228:0:99999:7::: x\nhunter2: y\n", encoding="utf-8")
+    os.symlink(str(outside), os.path.join(tree, "groups", "more.yaml"))
+    found = problems_of(tree)
+    assert found == {("groups/more.yaml", "is a symbolic link to %s, outside the configuration root: not read "
+                                          "(a tree's files must be inside it)" % outside)}, found
+    assert "hunter2" not in repr(found) and "20228" not in repr(found)
+
+
+def test_a_link_inside_the_tree_is_read(tree):
+    os.rename(os.path.join(tree, "groups", "groups.yaml"), os.path.join(tree, "groups", "shared.data"))
+    os.symlink(os.path.join("..", "groups", "shared.data"), os.path.join(tree, "groups", "groups.yaml"))
+    assert problems_of(tree) == set()
+
+
+def test_a_pipe_a_device_and_a_directory_are_refused_by_name(tree):
+    os.mkfifo(os.path.join(tree, "groups", "fifo.yaml"))
+    os.symlink("/dev/zero", os.path.join(tree, "images", "zero.yaml"))
+    os.mkdir(os.path.join(tree, "storages", "dir.yaml"))
+    found = problems_of(tree)
+    assert found == {("groups/fifo.yaml", "is a named pipe, not a regular file: not read"),
+                     ("images/zero.yaml", "is a character device, not a regular file: not read"),
+                     ("storages/dir.yaml", "is a directory, not a regular file: not read")}, found
+
+
+def test_an_overlay_that_is_a_directory_is_named_as_such(tree, tmp_path):
+    found = problems_of(tree, [str(tmp_path)])
+    assert found == {(str(tmp_path), "is a directory, not a regular file: not read")}, found
+    # an overlay outside the tree is fine (the demo's overlay lives beside the endpoint)
+    ov = tmp_path / "ov.yml"
+    ov.write_text("config: {apply_storage: true}\n", encoding="utf-8")
+    assert problems_of(tree, [str(ov)]) == set()
