@@ -68,6 +68,7 @@ def apply(root):
 def test_changes_then_empty_plan_skips_show_and_gate_agrees(root):
     first = make_plan(root, variables={"n": 2, "label": "x"})
     assert first["changes"] is True and first["summary"].startswith("Plan: 1 to add")
+    assert os.stat(first["plan_file"]).st_mode & 0o777 == 0o600  # it holds state and data sources' values
     assert "-var" in first["cmd"] and "n=2" in first["cmd"]
     gate = run_gate(root, "tfplan")
     assert gate["show_skipped"] is False and gate["adds"] == 1

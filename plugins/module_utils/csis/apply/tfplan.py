@@ -172,6 +172,10 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
     t0 = time.monotonic()
     proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ, root=root), timeout, "terraform plan")
     seconds = round(time.monotonic() - t0, 2)
+    if os.path.isfile(plan_path):
+        # a plan file holds the prior state and what data sources read (a remote state's outputs,
+        # an SSM parameter) in clear: the owner's only (terraform writes it as the umask allows)
+        os.chmod(plan_path, 0o600)
     if proc.returncode not in (0, 2) or not os.path.isfile(plan_path):
         err = (proc.stderr or proc.stdout or "").strip()[-3000:]
         labels = unapplied_upstreams(proc.stderr) if proc.returncode == 1 else []
