@@ -196,3 +196,11 @@ def test_module_check_mode_writes_nothing(root, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:]
     assert not os.path.exists(os.path.join(root, "tfplan"))
     assert not os.path.exists(os.path.join(root, "tfplan" + b.BINDING_SUFFIX))
+
+
+def test_a_directory_where_the_plan_file_belongs_is_named(root):
+    os.mkdir(os.path.join(root, "tfplan"))
+    with pytest.raises(GateError) as exc:
+        make_plan(root)
+    assert str(exc.value) == ("%s: is a directory where the plan file or its binding belongs: remove it, then plan "
+                              "again" % os.path.join(root, "tfplan"))

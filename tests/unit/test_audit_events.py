@@ -60,3 +60,17 @@ def test_a_record_names_its_lifecycle_root_and_plan_digest_in_the_trail(tmp_path
     assert {c["file"] for c in doc["changes"]} >= {"storage-state.yaml"}
     lines = store.history_report(root, storage="mnt_data")["lines"]
     assert lines and all("(plan %s)" % digest[:12] in line for line in lines), lines
+
+
+def test_a_revision_the_store_never_had_is_refused_not_shown_as_the_present(tmp_path):
+    root = str(tmp_path)
+    with store.MetaState(root).transaction("seed") as txn:
+        data = txn.load("verifications.yaml")
+        data["verifications"].append({"instance": "web", "ok": True})
+        txn.save("verifications.yaml", data)
+    assert store.history_report(root, storage="mnt_data", revision=txn.revision)["as_of"]["revision"] == txn.revision
+    for bad in (txn.revision + 1, 99999, -1):
+        with pytest.raises(store.MetaStateError) as exc:
+            store.history_report(root, storage="mnt_data", revision=bad)
+        assert str(exc.value) == "revision %d: %s holds revisions 0 to %d (the last committed one)" % (
+            bad, store.MetaState(root).where, txn.revision)

@@ -193,6 +193,9 @@ def _remove(path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+    except IsADirectoryError as exc:  # a directory where the plan file (or its binding) belongs
+        raise GateError("%s: is a directory where the plan file or its binding belongs: remove it, then plan "
+                        "again" % path) from exc
 
 
 def read_binding(plan_path: str) -> Optional[Dict[str, Any]]:

@@ -1725,6 +1725,9 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
             lines.append(head + (" [%s%s]" % (doc.get("what"), plan) if doc.get("what") else plan)
                          + (" -- " + diff if diff else ""))
     out: Dict[str, Any] = {"where": ms.where, "revision": ms.revision(), "trail": trail, "lines": lines, "as_of": None}
+    if revision is not None and not 0 <= revision <= out["revision"]:
+        raise MetaStateError("revision %d: %s holds revisions 0 to %d (the last committed one)"
+                             % (revision, ms.where, out["revision"]))
     if revision is not None and (instance or storage):
         files = ("launch-params.yaml", "instance-state.yaml") if instance else ("storage-state.yaml", "storage.yaml")
         records = {name: record_at(ms, name, instance or storage, revision) for name in files}
