@@ -358,9 +358,11 @@ class Validation:
                 unknown = sorted(set(lc) - {"ia_days", "archive_days"})
                 if unknown:
                     add("storage '%s': unknown lifecycle keys %s (efs: ia_days, archive_days)" % (st.name, _names(unknown)))
-                if "ia_days" in lc and (type(lc["ia_days"]) is not int or lc["ia_days"] not in EFS_IA_DAYS):
+                ia_days, archive_days = lc.get("ia_days"), lc.get("archive_days")
+                if "ia_days" in lc and (isinstance(ia_days, bool) or not isinstance(ia_days, int) or ia_days not in EFS_IA_DAYS):
                     add("storage '%s': lifecycle.ia_days must be one of %s, got %r" % (st.name, EFS_IA_DAYS, lc["ia_days"]))
-                if "archive_days" in lc and (type(lc["archive_days"]) is not int or lc["archive_days"] not in EFS_ARCHIVE_DAYS):
+                bad_archive = isinstance(archive_days, bool) or not isinstance(archive_days, int) or archive_days not in EFS_ARCHIVE_DAYS
+                if "archive_days" in lc and bad_archive:
                     add("storage '%s': lifecycle.archive_days must be one of %s, got %r" % (st.name, EFS_ARCHIVE_DAYS, lc["archive_days"]))
             elif b.type == "tf-aws-s3":
                 unknown = sorted(set(lc) - {"transition_days", "storage_class", "expire_days", "prefix"})
