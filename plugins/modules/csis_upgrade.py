@@ -21,6 +21,13 @@ extends_documentation_fragment:
   - csis.infra.config.instance
   - csis.infra.attributes.worker
 options:
+  state:
+    description:
+      - V(present) leaves the marker. V(absent) removes it before a run applied it (a cancelled upgrade; the
+        change log C(upgrades) records C(upgrade-cancelled)); no marker, no change.
+    type: str
+    choices: [present, absent]
+    default: present
   to:
     description: The build (AMI id) to move to; default the image's series head at the next run.
     type: str
@@ -42,29 +49,40 @@ EXAMPLES = r"""
     config_root: "{{ csis_root }}"
     instance: test2
     run_id: "{{ csis_run_id }}"
+
+- name: Cancel that upgrade before a run applied it
+  csis.infra.csis_upgrade:
+    config_root: "{{ csis_root }}"
+    instance: test2
+    state: absent
+    run_id: "{{ csis_run_id }}"
 """
 
 RETURN = r"""
 pending:
-  description: The marker recorded.
+  description: The marker recorded (V(present)), or removed (V(absent); null when there was none).
   returned: success
   type: dict
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import mark_upgrade
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import cancel_upgrade, mark_upgrade
 
 
 def _mark(module, p):
     if p["to"] and not (p["to"].startswith("ami-") and p["to"][4:].isalnum()):
         module.fail_json(msg="to %r is not an AMI id" % p["to"])
+    if p["state"] == "absent":
+        out = cancel_upgrade(p["config_root"], p["instance"], p["run_id"], requested_by=p["requested_by"])
+        return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
     out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"])
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 
 RUN = ModuleRun(
     _mark,
-    argument_spec(CONFIG_ROOT_ARGS, INSTANCE_ARGS, to=dict(type="str"),
+    argument_spec(CONFIG_ROOT_ARGS, INSTANCE_ARGS, state=dict(type="str", default="present", choices=["present", "absent"]),
+                  to=dict(type="str"),
                   run_id=dict(type="str", required=True), requested_by=dict(type="str")),
     requires=("PyYAML",),
     options=dict(supports_check_mode=False),

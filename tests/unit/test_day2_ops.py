@@ -191,6 +191,23 @@ def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path
         record.mark_upgrade(root, "nope", "r1")
 
 
+def test_an_upgrade_marker_can_be_cancelled_before_a_run_applied_it(tmp_path):
+    """upgrade_instance.yml -e cancel=true: the marker goes, the change log says so, the pin stays."""
+    root = str(tmp_path)
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": {"launched": True, "ephemeral": False}}})
+    write_meta(root, "pins.yaml", {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []})
+    record.mark_upgrade(root, "test2", "r1", to="ami-2", requested_by="bob")
+    out = record.cancel_upgrade(root, "test2", "r2", requested_by="alice")
+    assert out["changed"] is True and out["pending"]["to"] == "ami-2" and out["written"]
+    pins = MetaState(root).load("pins.yaml")
+    assert pins["pending_replacements"] == {} and pins["instances"] == {"test2": "ami-1"}
+    assert [(u["op"], u["run"], u.get("requested_by")) for u in pins["upgrades"]] == [
+        ("upgrade-requested", "r1", None), ("upgrade-cancelled", "r2", "alice")]
+    again = record.cancel_upgrade(root, "test2", "r3")
+    assert (again["changed"], again["pending"], again["written"]) == (False, None, [])
+    assert MetaState(root).load("pins.yaml") == pins
+
+
 # --------------------------------------------------------------------------- archived -> destroyed
 def test_archived_to_destroyed_is_recorded_only_after_the_snapshot_deletion(tmp_path):
     root = str(tmp_path)

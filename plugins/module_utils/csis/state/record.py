@@ -448,3 +448,20 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
         del pins["upgrades"][:-200]
         txn.save_rest("pins.yaml", pins)
     return {"changed": True, "pending": entry, "written": list(txn.written)}
+
+
+def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Optional[str] = None) -> Dict[str, Any]:
+    """Remove the pending replacement marker of ``instance`` (:func:`mark_upgrade`) before a run
+    applied it; ``pending`` is the marker removed (None: there was none, nothing changes)."""
+    ms = MetaState(config_root)
+    with ms.transaction("csis upgrade cancelled %s" % instance) as txn:
+        pins = txn.load_rest("pins.yaml")
+        old = pins["pending_replacements"].pop(instance, None)
+        if old is None:
+            return {"changed": False, "pending": None, "written": []}
+        pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": old.get("from"),
+                                                "to": old.get("to"), "op": "upgrade-cancelled", "run": run,
+                                                "requested_by": requested_by})
+        del pins["upgrades"][:-200]
+        txn.save_rest("pins.yaml", pins)
+    return {"changed": True, "pending": old, "written": list(txn.written)}
