@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -477,7 +478,8 @@ def test_lock_timeout_names_the_holder(tmp_path):
         msg = str(err.value)
         assert msg.startswith("meta-state/.lock: meta-state is locked by pid %d on host %s since "
                               % (proc.pid, socket.gethostname()))
-        assert "(holder-test); another csis.infra run is writing this tree. Wait for it, or if " \
+        assert "(holder-test) [user %s, run_id " % getpass.getuser() in msg, msg  # who holds it
+        assert "]; another csis.infra run is writing this tree. Wait for it, or if " \
                "that process is gone the lock frees itself" in msg
     finally:
         proc.wait(timeout=30)

@@ -6,6 +6,7 @@ for ansible-playbook runs: a watcher process holds the lock while its run lives 
 releases it when the run ends, even by SIGKILL."""
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 import threading
@@ -73,6 +74,7 @@ def test_one_run_at_a_time_and_the_lock_ends_with_its_run(tmp_path: Any) -> None
         msg = str(err.value)
         assert "meta-state/.run.lock: this tree is held by pid %d" % first.pid in msg
         assert "storage run" in msg and "\n" not in msg
+        assert "[user %s" % getpass.getuser() in msg, msg  # who holds it, as docs/operations.md quotes it
 
         # the first run dies without any release step (SIGKILL): its watcher frees the tree
         first.kill()

@@ -126,7 +126,8 @@ def holder_text(info: Mapping[str, Any], extra: bool = True) -> str:
     since = info.get("since") or info.get("created") or "?"
     what = owner.get("what") or info.get("what") or "unknown"
     text = "pid %s on host %s since %s (%s)" % (owner.get("pid", "?"), owner.get("host", "?"), since, what)
-    more = ["%s %s" % (k, owner[k]) for k in ("user", "run_id", "awx_job_id", "awx_user_name") if owner.get(k)]
+    more = ["%s %s" % (k, owner[k]) for k in ("user", "csis_run_id", "run_id", "awx_job_id", "awx_user_name")
+            if owner.get(k)]
     return text + (" [%s]" % ", ".join(more) if more and extra else "")
 
 
@@ -181,7 +182,7 @@ class FileLock:
                 info = json.loads(handle.read() or "{}")
         except (OSError, ValueError):
             info = {}
-        return holder_text(info, extra=False)
+        return holder_text(info)
 
     def acquire(self) -> None:
         label = "%s/%s" % (META_STATE_DIR, self.name)
