@@ -50,5 +50,7 @@ def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path
     with open(os.path.join(t.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
         roots = json.load(fh)["roots"]
     ebs, s3 = roots["storage-aws-ebs"], roots["storage-aws-s3"]
-    assert (ebs["status"], ebs["applied"]) == ("failed", True) and "storage-state.yaml" in ebs["recorded"], ebs
+    # stopped with the failed root, not failed itself: the summary, the audit and the message say so
+    assert (ebs["status"], ebs["applied"]) == ("stopped", True) and "storage-state.yaml" in ebs["recorded"], ebs
+    assert "storage-aws-ebs: stopped: another root of the lifecycle failed (see its failure above)" in out, tail(res)
     assert (s3["status"], s3["applied"], s3["recorded"]) == ("failed", False, []), s3

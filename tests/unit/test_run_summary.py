@@ -24,13 +24,23 @@ def test_entries_of_one_run_are_merged_and_counted(tmp_path):
     assert sorted(data["roots"]) == ["storage-ebs", "storage-s3"]
     ebs = data["roots"]["storage-ebs"]
     assert ebs["applied"] is True and ebs["seconds"] == 12.3 and "junk" not in ebs
-    assert data["totals"] == {"roots": 2, "applied": 1, "failed": 1, "refused": 1}
+    assert data["totals"] == {"roots": 2, "applied": 1, "failed": 1, "refused": 1, "stopped": 0}
     assert data["started"] == "2026-11-30T10:00:01Z"
     with open(rs.path_of(root), encoding="utf-8") as fh:
         assert json.load(fh) == data
     lines = rs.summary_lines(rs.read(root))
     assert lines[0].startswith("run run1 (started 2026-11-30T10:00:01Z): 2 root(s), 1 applied, 1 failed, 1 refused")
     assert any(line.startswith("storage-s3: failed; at 'Gate the plan'") and "gate refused" in line for line in lines)
+
+
+def test_a_root_stopped_because_another_failed_is_counted_apart(tmp_path):
+    root = str(tmp_path)
+    rs.add_root(root, "run1", {"key": "storage-ebs", "status": "failed", "failed_step": "Check that the recorded storages"})
+    data = rs.add_root(root, "run1", {"key": "storage-efs", "status": "stopped", "failed_step": ""})
+    assert data["totals"] == {"roots": 2, "applied": 0, "failed": 1, "refused": 0, "stopped": 1}
+    lines = rs.summary_lines(data)
+    assert lines[0].endswith("1 failed, 0 refused by the gate, 1 stopped as another failed"), lines[0]
+    assert any(line.startswith("storage-efs: stopped;") for line in lines), lines
 
 
 def test_a_new_run_starts_the_file_afresh(tmp_path):

@@ -120,10 +120,11 @@ def normalise(entry: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def totals(roots: Mapping[str, Mapping[str, Any]]) -> Dict[str, int]:
-    out = {"roots": len(roots), "applied": 0, "failed": 0, "refused": 0}
+    out = {"roots": len(roots), "applied": 0, "failed": 0, "refused": 0, "stopped": 0}
     for r in roots.values():
         out["applied"] += 1 if r.get("applied") else 0
         out["failed"] += 1 if r.get("status") == "failed" else 0
+        out["stopped"] += 1 if r.get("status") == "stopped" else 0
         out["refused"] += 1 if (r.get("gate") or {}).get("verdict") == "refused" else 0
     return out
 
@@ -133,9 +134,9 @@ def summary_lines(data: Optional[Mapping[str, Any]]) -> List[str]:
     if not data:
         return ["no real run has written generated/run-summary.json yet"]
     t = data.get("totals") or {}
-    lines = ["run %s (started %s): %s root(s), %s applied, %s failed, %s refused by the gate"
+    lines = ["run %s (started %s): %s root(s), %s applied, %s failed, %s refused by the gate%s"
              % (data.get("run_id"), data.get("started"), t.get("roots", 0), t.get("applied", 0), t.get("failed", 0),
-                t.get("refused", 0))]
+                t.get("refused", 0), ", %s stopped as another failed" % t["stopped"] if t.get("stopped") else "")]
     for key in sorted(data.get("roots") or {}):
         r = data["roots"][key]
         gate = r.get("gate") or {}
