@@ -18,7 +18,8 @@ generation in ``instance-state.yaml``).
 **Retirement.** A name is taken while any launch record carries it and while any generation
 of ``instance-state.yaml`` (the standing one or a closed one in its history) recorded it: the
 alias of a replaced or decommissioned machine is retired, never drawn again for another
-machine. Forgetting an instance's records (``playbooks/forget.yml``) frees its names.
+machine, also after ``playbooks/forget.yml`` (which closes the standing generation into the
+history, as a decommission does).
 """
 from __future__ import annotations
 
