@@ -9,12 +9,18 @@ import pytest
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
 
 
-def test_an_event_gets_a_revision_and_changes_no_record(tmp_path):
-    root = str(tmp_path)
+def seeded(root):
+    """One committed transaction (a verification record); returns it."""
     with store.MetaState(root).transaction("seed") as txn:
         data = txn.load("verifications.yaml")
         data["verifications"].append({"instance": "web", "ok": True})
         txn.save("verifications.yaml", data)
+    return txn
+
+
+def test_an_event_gets_a_revision_and_changes_no_record(tmp_path):
+    root = str(tmp_path)
+    txn = seeded(root)
     before = store.MetaState(root).load("verifications.yaml")
     rev = store.audit_event(root, {"kind": "gate refused", "root": "storage-x", "detail": "DESTROY NOT WHITELISTED: a"},
                             what="csis gate refused: storage-x", context={"root": "storage-x", "run": "r2"})
@@ -64,10 +70,7 @@ def test_a_record_names_its_lifecycle_root_and_plan_digest_in_the_trail(tmp_path
 
 def test_a_revision_the_store_never_had_is_refused_not_shown_as_the_present(tmp_path):
     root = str(tmp_path)
-    with store.MetaState(root).transaction("seed") as txn:
-        data = txn.load("verifications.yaml")
-        data["verifications"].append({"instance": "web", "ok": True})
-        txn.save("verifications.yaml", data)
+    txn = seeded(root)
     assert store.history_report(root, storage="mnt_data", revision=txn.revision)["as_of"]["revision"] == txn.revision
     for bad in (txn.revision + 1, 99999, -1):
         with pytest.raises(store.MetaStateError) as exc:
