@@ -285,6 +285,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if not source.startswith("s3://") and not os.path.isdir(source):
             self.display.warning("csis.infra.meta_state: config root %s does not exist; "
                                  "the inventory is empty" % source)
+        ms = None
         try:
             ms = open_store()
             records = launched_instances(ms)
@@ -294,7 +295,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         except CsisError as exc:  # MetaStateError (named object), MissingDependency (boto3)
             msg = to_native(exc)
             if msg.startswith(META_STATE_DIR + "/"):
-                msg = os.path.join(source, msg)
+                # a message naming meta-state/<file>: where that store keeps it (the S3 store's
+                # s3://bucket/prefix/meta-state, which the tree's cfg/_config.yml may name too)
+                where = getattr(ms, "where", None) or os.path.join(source, META_STATE_DIR)
+                msg = where + msg[len(META_STATE_DIR):]
             raise AnsibleParserError("csis.infra.meta_state: %s" % msg)
 
     def _get_cached(self, path, cache, source):

@@ -317,6 +317,24 @@ def test_an_inventory_source_names_the_s3_store_and_needs_no_tree(checkouts, aws
     assert hostvars["front"]["csis_instance_id"] == {"__ansible_unsafe": "i-7"}
     assert sorted(p.name for p in empty.iterdir()) == ["hosts.csis.yml"]  # read only, nothing written here
 
+    # records that contradict each other (a launch record lost, its open generation kept): the
+    # message names where this store keeps them, s3://<bucket>/<prefix>/meta-state/..., once
+    ms = MetaState(str(checkouts("a")))
+    with ms.transaction() as txn:
+        txn.save_record(LP, "ghost", _launch())
+        txn.save_record(IS, "ghost", _current("i-9"))
+    ms.objects.delete(store.record_object(LP, "ghost"))
+    try:
+        proc = inventory(source)
+    finally:
+        ms.objects.delete(store.record_object(IS, "ghost"))
+    assert proc.returncode != 0
+    text = " ".join(proc.stderr.split())
+    assert "s3://%s/%s/meta-state/instance-state.yaml: 'instances.ghost.current' is an open generation" % (
+        local_aws.STATE_BUCKET, checkouts.prefix) in text, text
+    assert "meta-state/meta-state" not in text
+    assert inventory(source).returncode == 0  # the contradiction is gone again
+
     # without the bucket: one message naming the source file and the option
     options.pop("meta_state_bucket")
     source.write_text(yaml.safe_dump(options))
