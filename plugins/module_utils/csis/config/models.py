@@ -925,11 +925,12 @@ class Storage(Strict):
     @field_validator("share_mode", mode="before")
     @classmethod
     def _sm(cls, v: Any) -> Any:
-        if isinstance(v, int) and not isinstance(v, bool) and str(v) in SHARE_MODES:
+        number = isinstance(v, int) and not isinstance(v, bool)
+        if number and str(v) in SHARE_MODES:
             return str(v)  # an unquoted 2775
         if v not in SHARE_MODES:
             octal = (" (YAML read an unquoted number with a leading 0 as octal: %s is 0%o; write it quoted)" % (v, v)
-                     if isinstance(v, int) and not isinstance(v, bool) and "%o" % v in SHARE_MODES else "")
+                     if number and "%o" % v in SHARE_MODES else "")
             raise ValueError("share_mode %r: expected one of ('2770', '2775') (N15)%s" % (v, octal))
         return v
 

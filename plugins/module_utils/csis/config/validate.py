@@ -40,6 +40,11 @@ LEGAL_TRANSITIONS: Set[Tuple[Optional[str], str]] = {
 }
 
 
+def _whole(value: Any) -> bool:
+    """A whole number as YAML reads one (not a boolean, not ``30.0``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _names(xs: Iterable[str]) -> str:
     return "[" + ", ".join("'%s'" % x for x in sorted(xs)) + "]"
 
@@ -358,19 +363,16 @@ class Validation:
                 unknown = sorted(set(lc) - {"ia_days", "archive_days"})
                 if unknown:
                     add("storage '%s': unknown lifecycle keys %s (efs: ia_days, archive_days)" % (st.name, _names(unknown)))
-                ia_days, archive_days = lc.get("ia_days"), lc.get("archive_days")
-                if "ia_days" in lc and (isinstance(ia_days, bool) or not isinstance(ia_days, int) or ia_days not in EFS_IA_DAYS):
-                    add("storage '%s': lifecycle.ia_days must be one of %s, got %r" % (st.name, EFS_IA_DAYS, lc["ia_days"]))
-                bad_archive = isinstance(archive_days, bool) or not isinstance(archive_days, int) or archive_days not in EFS_ARCHIVE_DAYS
-                if "archive_days" in lc and bad_archive:
-                    add("storage '%s': lifecycle.archive_days must be one of %s, got %r" % (st.name, EFS_ARCHIVE_DAYS, lc["archive_days"]))
+                for k, allowed in (("ia_days", EFS_IA_DAYS), ("archive_days", EFS_ARCHIVE_DAYS)):
+                    if k in lc and not (_whole(lc[k]) and lc[k] in allowed):
+                        add("storage '%s': lifecycle.%s must be one of %s, got %r" % (st.name, k, allowed, lc[k]))
             elif b.type == "tf-aws-s3":
                 unknown = sorted(set(lc) - {"transition_days", "storage_class", "expire_days", "prefix"})
                 if unknown:
                     add("storage '%s': unknown lifecycle keys %s (s3: transition_days, storage_class, expire_days, prefix)"
                         % (st.name, _names(unknown)))
                 for k in ("transition_days", "expire_days"):
-                    if k in lc and (isinstance(lc[k], bool) or not isinstance(lc[k], int) or lc[k] <= 0):
+                    if k in lc and not (_whole(lc[k]) and lc[k] > 0):
                         add("storage '%s': lifecycle.%s must be a positive int, got %r" % (st.name, k, lc[k]))
                 if "storage_class" in lc and lc["storage_class"] not in S3_LIFECYCLE_CLASSES:
                     add("storage '%s': lifecycle.storage_class must be one of [%s], got %r"
