@@ -294,11 +294,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             return records
         except CsisError as exc:  # MetaStateError (named object), MissingDependency (boto3)
             msg = to_native(exc)
-            if msg.startswith(META_STATE_DIR + "/"):
-                # a message naming meta-state/<file>: where that store keeps it (the S3 store's
+            if ms is not None and msg.startswith(META_STATE_DIR + "/"):
+                # a message naming meta-state/<file>: where the store keeps it (the S3 store's
                 # s3://bucket/prefix/meta-state, which the tree's cfg/_config.yml may name too)
-                where = getattr(ms, "where", None) or os.path.join(source, META_STATE_DIR)
-                msg = where + msg[len(META_STATE_DIR):]
+                msg = ms.where + msg[len(META_STATE_DIR):]
             raise AnsibleParserError("csis.infra.meta_state: %s" % msg)
 
     def _get_cached(self, path, cache, source):

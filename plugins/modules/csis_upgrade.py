@@ -74,8 +74,8 @@ def _mark(module, p):
         module.fail_json(msg="to %r is not an AMI id" % p["to"])
     if p["state"] == "absent":
         out = cancel_upgrade(p["config_root"], p["instance"], p["run_id"], requested_by=p["requested_by"])
-        return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
-    out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"])
+    else:
+        out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"])
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 
