@@ -10,13 +10,14 @@ module: csis_graph
 short_description: Draw a csis.infra tree (accounts, environments, runtimes, builders, storages, instances) with graphviz
 version_added: 0.2.0
 description:
-  - Loads the configuration tree, its meta-state and the last state report (C(generated/state-report.json)), and
+  - Loads the configuration tree, its meta-state and the HARD lines of the last state query (meta-state's
+    C(drift.yaml), else C(generated/state-report.json)), and
     draws accounts, environments, runtimes, builders (one terraform root each), groups, storages and instances.
   - Runs the validation rules, except the executables' versions (nothing runs terraform). A tree that loads but breaks
     a rule is drawn anyway, its problems returned (RV(problems)), warned and named in the picture's title, without
     the remote-state references. A tree or meta-state that does not load fails the module with every problem.
   - Each storage and instance shows its state (C(declared), C(active), C(launched), C(archived), C(destroyed),
-    or C(drifted HARD) when the state report holds a HARD line for it); records of objects the tree no longer
+    or C(drifted HARD) when the last state query found a HARD line for it); records of objects the tree no longer
     declares are drawn too.
   - Edges are containment, mounts (storage to instance, with the mount point) and the remote-state references
     between the roots a render would emit (the C(terraform_remote_state) blocks; none without state backends).

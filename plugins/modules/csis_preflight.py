@@ -12,9 +12,12 @@ version_added: 0.2.0
 description:
   - Runs before a real lifecycle run renders, plans or applies anything (the C(csis.infra.render) role calls it
     first) and fails with every finding, one line each.
-  - B(HARD drift.) Fails while the last state report (C(generated/state-report.json), written by the state query)
-    holds a HARD line, with one C(state) line per HARD line, ending in C((from state-report.json; re-run 'state
-    query' after fixing)). No report lets the run start; a report that cannot be read refuses it.
+  - B(HARD drift.) Fails while the last state query found a HARD line, with one C(state) line per HARD line, ending
+    in C((from state-report.json; re-run 'state query' after fixing)). The query keeps its HARD lines in meta-state
+    (C(drift.yaml)), which every checkout reads (an AWX job's fresh one too); in a checkout that did not run that
+    query the lines end in C((from meta-state drift.yaml, state query <run>; ...)). A store without that record falls
+    back to this checkout's C(generated/state-report.json). Neither lets the run start; a report that cannot be read
+    refuses it.
   - B(Meta-state can be read.) Every meta-state file loads through the store, so its checks run (whole files, the
     known shapes, the files agreeing with each other).
   - B(Meta-state can be written.) With I(write), proves that the run could record what it applies. A probe file
@@ -45,7 +48,7 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Refuse to start while the state report holds HARD drift or meta-state cannot be recorded
+- name: Refuse to start while the last state query found HARD drift or meta-state cannot be recorded
   csis.infra.csis_preflight:
     config_root: "{{ csis_config_root | ansible.builtin.realpath }}"
   register: preflight
@@ -58,12 +61,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 hard_drift:
-  description: The HARD lines of the last state report, each C({kind, name, drift, detail, hard}) (empty when none).
+  description: The HARD lines of the last state query, each C({kind, name, drift, detail, hard}) (empty when none).
   returned: always
   type: list
   elements: dict
 report:
-  description: The state report read (null when none was written yet).
+  description: >-
+    Where they were read: meta-state's C(drift.yaml) (C(meta-state/drift.yaml), C(s3://...)) or the state report's path
+    (null when neither exists yet).
   returned: always
   type: str
 meta_state:

@@ -17,9 +17,14 @@ description:
   - Writes C(<config_root>/generated/state-report.json) atomically (not in check mode) with one drift line per
     finding, C(missing) (HARD), C(stale), C(foreign), C(changed), plus C(unavailable) lines for lookups that
     failed (a permission or transport error is never read as absent) and C(note) lines.
-  - While the report holds a HARD line every real lifecycle run refuses to start (the first task of the
-    C(csis.infra.render) role); correct the record with the forget or state import playbooks, then query again.
-  - Reads meta-state only; never writes it. A runtime with static keys (C(!vault) values) is reached with them,
+  - Keeps the report's HARD lines in meta-state (C(drift.yaml), in the tree's local or S3 store), where every
+    checkout of the tree reads them, an AWX job's fresh checkout too. The record is written (in one meta-state
+    transaction, with the lock and an audit record) only when its HARD lines change; no record and no HARD line writes
+    nothing. A store that cannot be written fails the task, after the report was written.
+  - While that record (or, in a store without one, the report) holds a HARD line every real lifecycle run refuses
+    to start (the first task of the C(csis.infra.render) role); correct the record with the forget or state import
+    playbooks, then query again (they do it for you).
+  - Writes no other meta-state. A runtime with static keys (C(!vault) values) is reached with them,
     decrypted on the controller with the run's vault secrets; otherwise credentials come from the environment (or
     the runtime's profile).
 extends_documentation_fragment:
@@ -32,7 +37,8 @@ options:
     type: str
 attributes:
   check_mode:
-    details: In check mode the lookups run and the lines are returned, but the report is not written.
+    details: In check mode the lookups run and the lines are returned, but neither the report nor meta-state's record
+      is written; C(changed) and C(recorded.changed) say whether they would change.
 """
 
 EXAMPLES = r"""
@@ -85,11 +91,27 @@ path:
   description: The report file.
   returned: success
   type: str
+recorded:
+  description: Meta-state's record of the HARD lines (C(drift.yaml)).
+  returned: success
+  type: dict
+  contains:
+    where:
+      description: The record's file or object (C(meta-state/drift.yaml), C(s3://<bucket>/<prefix>/meta-state/drift.yaml)).
+      type: str
+    changed:
+      description: Whether this query wrote it (its HARD lines changed); in check mode, whether it would.
+      type: bool
+    revision:
+      description: The meta-state revision of that write (null when nothing was written).
+      type: int
+  version_added: 0.2.0
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from, reveal_of
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import console_lines, hard_lines, query, report_path, write_report
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import (
+    console_lines, hard_lines, query, record_hard, report_changes, report_path, write_report)
 
 
 def _run(module, p):
@@ -97,14 +119,23 @@ def _run(module, p):
         report = query(p["config_root"], overlays=p["overlays"], run=p["run"], reveal=reveal_of(module))
     except CsisError as exc:
         fail_from(module, exc)
-    changed = False
     path = report_path(p["config_root"])
-    if not module.check_mode:
+    if module.check_mode:
+        changed = report_changes(p["config_root"], report)
+    else:
         try:
             path, changed = write_report(p["config_root"], report)
         except OSError as exc:
             fail_from(module, exc, prefix="cannot write %s: " % path)
-    return dict(changed=changed, report=report, drift=report["drift"], unavailable=report["unavailable"],
+    try:
+        recorded = record_hard(p["config_root"], report, write=not module.check_mode)
+    except CsisError as exc:
+        fail_from(module, exc, prefix="%s, but its HARD lines could not be kept in meta-state, where the lifecycle "
+                  "runs of every checkout read them: " % ("the report says" if module.check_mode else
+                                                          "the report is written (%s)" % path),
+                  lines=console_lines(report), hard=hard_lines(report))
+    changed = changed or recorded["changed"]
+    return dict(changed=changed, recorded=recorded, report=report, drift=report["drift"], unavailable=report["unavailable"],
                 notes=report["notes"], summary=report["summary"], hard=hard_lines(report),
                 lines=console_lines(report), path=path)
 

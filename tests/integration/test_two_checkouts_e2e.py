@@ -111,3 +111,43 @@ def test_a_second_checkout_plans_nothing_the_first_applied(clones, monkeypatch):
     assert "instance-image-open-tofu" in summaries and "storage-aws-ebs" in summaries
     assert MetaState(b).revision() == before  # nothing applied, nothing recorded
     assert _local_records(b) == []
+
+
+def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones, monkeypatch):
+    """The AWX case: the drift job's checkout (A) finds a recorded volume gone; a lifecycle job's
+    fresh checkout (B), which has no state report of its own, refuses its real run, reading the
+    HARD line from the S3 store. B's state import corrects the record and its query clears the
+    line for both: A's real run starts again although A's own report still holds the line."""
+    a, b, ep = clones
+    for key, value in ep.env.items():
+        monkeypatch.setenv(key, value)
+    managed = MetaState(a).load("storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    ec2 = ep.client("ec2")
+    att = ec2.describe_volumes(VolumeIds=[managed])["Volumes"][0]["Attachments"][0]
+    ec2.detach_volume(VolumeId=managed, InstanceId=att["InstanceId"], Device=att["Device"], Force=True)
+    ec2.delete_volume(VolumeId=managed)
+
+    res = Runner(a, ep).play("state_query.yml")
+    assert res.returncode == 0, tail(res)
+    assert "missing storage mnt_data: recorded active but not found in reality (volume %s) [HARD]" % managed in text(res)
+    assert MetaState(a).load("drift.yaml")["hard"][0]["name"] == "mnt_data"
+    assert _local_records(a) == [] and not os.path.exists(os.path.join(a, "meta-state", "drift.yaml"))
+
+    assert not os.path.exists(os.path.join(b, "generated", "state-report.json"))
+    res = Runner(b, ep).play("identity.yml")
+    assert res.returncode != 0
+    assert ("state: missing storage mnt_data: recorded active but not found in reality (volume %s) (from meta-state "
+            "drift.yaml, state query" % managed) in text(res), tail(res)
+    assert "TASK [csis.infra.render : Render the identity roots]" not in res.stdout
+
+    new = ec2.create_volume(AvailabilityZone="us-east-2a", Size=100)["VolumeId"]
+    res = Runner(b, ep).play("state_import.yml", import_storage="mnt_data", storage_id=new)
+    assert res.returncode == 0, tail(res)
+    assert MetaState(b).load("drift.yaml")["hard"] == []  # its query ran again and cleared the record
+
+    with open(os.path.join(a, "generated", "state-report.json"), encoding="utf-8") as fh:
+        assert json.load(fh)["summary"]["hard"] == 1  # A's own report is older than the record
+    res = Runner(a, ep).play("identity.yml")  # a real run: identity plans nothing
+    assert res.returncode == 0, tail(res)
+    assert "re-run 'state query'" not in text(res)
+    ec2.delete_volume(VolumeId=new)

@@ -16,13 +16,13 @@ import pytest
 from trees import write_meta  # noqa: E402  (tests/support)
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import ephemeral, preflight, record
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, MetaStateError, NotWritable
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, MetaStateError, NotWritable, audit_trail
 
 
-def write_report(root, drift):
+def write_report(root, drift, run="r1"):
     os.makedirs(os.path.join(root, "generated"), exist_ok=True)
     with open(os.path.join(root, "generated", "state-report.json"), "w", encoding="utf-8") as fh:
-        json.dump({"run": "r1", "drift": drift}, fh)
+        json.dump({"run": run, "drift": drift}, fh)
 
 
 def listing(root):
@@ -101,6 +101,55 @@ def test_a_report_that_cannot_be_read_refuses(tmp_path):
         fh.write('{"drift": [')
     with pytest.raises(preflight.PreflightError, match=r"state-report.json: cannot be read .*run 'state query' again"):
         preflight.preflight(root)
+
+
+# --------------------------------------------------------------------------- HARD drift kept in meta-state
+def test_the_querys_hard_lines_kept_in_meta_state_refuse_a_checkout_without_the_report(tmp_path):
+    """An AWX job's fresh checkout has no generated/state-report.json: meta-state's drift.yaml,
+    which every checkout reads (the S3 store under AWX), refuses the run."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift
+    root = tree_at(tmp_path)
+    assert drift.record_hard(root, {"run": "q1", "drift": [STALE]}) == {
+        "where": "meta-state/drift.yaml", "changed": False, "revision": None}  # no record, nothing HARD: nothing written
+    assert not os.path.exists(os.path.join(root, "meta-state"))
+    assert drift.record_hard(root, {"run": "q2", "drift": [STALE, MISSING]}, write=False)["changed"] is True
+    assert not os.path.exists(os.path.join(root, "meta-state"))  # check mode: only said
+    out = drift.record_hard(root, {"run": "q2", "drift": [STALE, MISSING]})
+    assert out["changed"] is True and out["revision"] == 1
+    stored = MetaState(root).load("drift.yaml")
+    assert stored["hard"] == [{k: MISSING[k] for k in ("kind", "name", "drift", "detail")}] and stored["run"] == "q2"
+    assert not os.path.exists(os.path.join(root, "generated"))  # the run below has no report of its own
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.preflight(root)
+    assert str(err.value) == ("state: missing storage mnt_data: recorded active but not found in reality (volume vol-1) "
+                              "(from meta-state drift.yaml, state query q2; re-run 'state query' after fixing)")
+    assert err.value.result["hard_drift"] == [MISSING] and err.value.result["report"] == "meta-state/drift.yaml"
+    # the same lines again write nothing (a daily drift job does not fill the audit trail)
+    assert drift.record_hard(root, {"run": "q3", "drift": [MISSING]})["changed"] is False
+    assert MetaState(root).revision() == 1
+    # the record decides over this checkout's older report; a query without HARD lines clears it
+    write_report(root, [])
+    with pytest.raises(preflight.PreflightError):
+        preflight.preflight(root)
+    assert drift.record_hard(root, {"run": "q4", "drift": [STALE]}) == {
+        "where": "meta-state/drift.yaml", "changed": True, "revision": 2}
+    write_report(root, [MISSING])
+    res = preflight.preflight(root)
+    assert res["hard_drift"] == [] and res["report"] == "meta-state/drift.yaml"
+    assert [a["what"] for a in audit_trail(MetaState(root))][-2:] == ["csis_state_query q2", "csis_state_query q4"]
+    # a query that wrote both (a terminal's): the lines name the report, as the reference's do
+    write_report(root, [MISSING], run="q5")
+    drift.record_hard(root, {"run": "q5", "drift": [MISSING]})
+    with pytest.raises(preflight.PreflightError, match=r"\(from state-report.json; re-run 'state query' after fixing\)$"):
+        preflight.preflight(root)
+
+
+def test_a_damaged_drift_record_refuses_naming_it(tmp_path):
+    root = tree_at(tmp_path)
+    write_meta(root, "drift.yaml", {"hard": [{"kind": "storage", "name": "x", "drift": "missing"}], "run": "q"})
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.preflight(root)
+    assert str(err.value) == "meta-state/drift.yaml: 'hard[0]'.detail must be a non-empty string, got null"
 
 
 # --------------------------------------------------------------------------- meta-state

@@ -13,8 +13,9 @@ storages (and groups) -> instances, as graphviz DOT text (``playbooks/graph.yml`
     state other than the recorded one is shown after an arrow (``active -> archived``);
   - an instance: ``launched`` (``launch-params.yaml`` ``launched: true``), ``destroyed``
     (records left, not launched), or ``declared``;
-  - any storage or instance with a HARD line in the last state report
-    (``generated/state-report.json``, docs/drift.md): ``drifted HARD (<drift>)``, in red;
+  - any storage or instance with a HARD line of the last state query (kept in meta-state's
+    ``drift.yaml``, else this checkout's ``generated/state-report.json``; docs/drift.md):
+    ``drifted HARD (<drift>)``, in red;
   - records of storages and instances the tree no longer declares are drawn too, marked
     ``not declared``.
 * **Edges**: containment (account -> environment -> runtime -> builder -> object), mounts
@@ -386,14 +387,20 @@ def picture(config_root: str, overlays: Any = (), dot: str = "dot", timeout: flo
     from ..config.loader import load_tree
     from ..config.validate import read_meta, validate_tree
     from ..errors import ConfigError
-    from ..state.drift import read_report
+    from ..state.drift import DRIFT_FILE, last_hard
+    from ..state.store import MetaState, MetaStateError
 
     tree = load_tree(config_root, overlays=overlays)
     meta, meta_problems = read_meta(tree.root)
     if meta_problems:
         raise ConfigError(meta_problems)
     problems = [str(p) for p in validate_tree(tree, meta, run_version=_no_version_check)]
-    report = read_report(tree.root, strict=True)
+    ms = MetaState(tree.root)
+    try:
+        stored = ms.load(DRIFT_FILE)
+    except MetaStateError as exc:
+        raise ConfigError([str(exc)]) from exc
+    report = {"drift": last_hard(tree.root, stored, ms.objects.label(DRIFT_FILE))["hard_drift"]}
     g = build(tree, meta, report, refs=[] if problems else None)
     if problems:
         g.notes.append("the tree does not validate (%d problem(s), see playbooks/validate.yml): "

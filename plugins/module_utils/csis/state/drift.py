@@ -12,6 +12,12 @@ Three layers, so that the classification is testable without an endpoint:
 
 :func:`query` runs the three, :func:`write_report` writes ``generated/state-report.json``
 atomically, :func:`console_lines` / :func:`hard_lines` render it.
+
+A report's HARD lines are also kept in meta-state (:data:`DRIFT_FILE`, :func:`record_hard`):
+the report is a file of the checkout that ran the query, while meta-state is where every
+checkout of the tree looks (an AWX job's fresh checkout, a second controller: the S3 store).
+:func:`last_hard` is what the lifecycle runs' preflight and the graph read: the record when the
+store holds one, else the checkout's report.
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..config.secrets import Reveal
 
 REPORT_NAME = "state-report.json"
+#: the meta-state file holding the last state query's HARD lines (store.py ``FILES``)
+DRIFT_FILE = "drift.yaml"
 DRIFTS = ("missing", "stale", "foreign", "changed")
 #: provider states in which a recorded active storage is healthy
 HEALTHY_STATES = ("available", "in-use", "active", "ready", "completed")
@@ -252,28 +260,98 @@ def console_lines(report: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-def hard_lines(report: Mapping[str, Any]) -> List[str]:
-    """The refusal lines of a report's HARD drift (what makes a lifecycle run refuse to start)."""
+def hard_lines(report: Mapping[str, Any], source: str = REPORT_NAME) -> List[str]:
+    """The refusal lines of a report's HARD drift (what makes a lifecycle run refuse to start);
+    ``source`` names where they were read (the report, or meta-state's :data:`DRIFT_FILE`)."""
     return ["state: %s %s %s: %s (from %s; re-run 'state query' after fixing)"
-            % (d["drift"], d["kind"], d["name"], d["detail"], REPORT_NAME)
+            % (d["drift"], d["kind"], d["name"], d["detail"], source)
             for d in report.get("drift") or [] if d.get("hard")]
+
+
+def _hard_of(report: Mapping[str, Any]) -> List[Dict[str, str]]:
+    """A report's HARD lines as meta-state keeps them (:data:`~.store.DRIFT_FIELDS`)."""
+    from .store import DRIFT_FIELDS
+    return [{k: str(d.get(k)) for k in DRIFT_FIELDS} for d in report.get("drift") or [] if d.get("hard")]
+
+
+def _stored(data: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """The drift record of meta-state's :data:`DRIFT_FILE` as loaded (None: the store holds
+    none; an empty shape has no ``run``, a written record always has one)."""
+    return data if data and data.get("run") else None
+
+
+def record_hard(config_root: str, report: Mapping[str, Any], what: Optional[str] = None,
+                write: bool = True) -> Dict[str, Any]:
+    """Keep ``report``'s HARD lines in meta-state (:data:`DRIFT_FILE`), where every checkout of
+    the tree reads them. Written only when they differ from the record's (no record and no HARD
+    line: nothing to write), in one transaction (the lock, an audit record). Returns
+    ``{"where": the record's label, "changed": bool, "revision": the new revision or None}``
+    (``write`` False: nothing is written, ``changed`` says whether it would be). Raises
+    :class:`~.store.MetaStateError` (not readable, not writable, the lock not obtained)."""
+    from .store import MetaState
+    ms = MetaState(config_root)
+    hard = _hard_of(report)
+    out: Dict[str, Any] = {"where": ms.objects.label(DRIFT_FILE), "changed": False, "revision": None}
+
+    def unchanged(data: Optional[Mapping[str, Any]]) -> bool:
+        stored = _stored(data)
+        return (stored["hard"] if stored else []) == hard
+
+    if unchanged(ms.load(DRIFT_FILE)):
+        return out
+    if not write:
+        out["changed"] = True
+        return out
+    with ms.transaction(what or "csis_state_query %s" % report.get("run"),
+                        context={"run": report.get("run"), "hard": len(hard)}) as txn:
+        if not unchanged(txn.load(DRIFT_FILE)):  # read again under the lock: another query may have written it
+            txn.save(DRIFT_FILE, {"hard": hard, "run": str(report.get("run")),
+                                  "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    out.update(changed=bool(txn.written), revision=txn.revision)
+    return out
+
+
+def last_hard(config_root: str, stored: Optional[Mapping[str, Any]], where: str = DRIFT_FILE) -> Dict[str, Any]:
+    """The HARD lines a lifecycle run must refuse on: ``{source, hard_drift, messages}``.
+
+    ``stored`` is meta-state's :data:`DRIFT_FILE` as loaded (its label ``where``): when the store
+    holds a record, it decides (every query since this record existed wrote it, from whichever
+    checkout); otherwise this checkout's ``generated/state-report.json`` does (a report written
+    before the record existed). The lines name the report when it is the record's own query's
+    (the reference's message, in a terminal), else the record. ``source`` is None when neither
+    exists. Raises :class:`DriftError` when the report cannot be read."""
+    report = read_report(config_root, strict=True)
+    record = _stored(stored)
+    if record is not None and not (report is not None and report.get("run") == record["run"]
+                                   and _hard_of(report) == record["hard"]):
+        hard = [dict(d, hard=True) for d in record["hard"]]
+        return {"source": where, "hard_drift": hard,
+                "messages": hard_lines({"drift": hard}, source="meta-state %s, state query %s" % (DRIFT_FILE, record["run"]))}
+    hard = [dict(d) for d in (report or {}).get("drift") or [] if isinstance(d, dict) and d.get("hard")]
+    return {"source": report_path(config_root) if report is not None else None, "hard_drift": hard,
+            "messages": hard_lines({"drift": hard})}
 
 
 def report_path(config_root: str) -> str:
     return os.path.join(os.path.abspath(config_root), "generated", REPORT_NAME)
 
 
+def _findings(report: Optional[Mapping[str, Any]]) -> Any:
+    return None if report is None else [report.get(k) for k in ("drift", "unavailable", "notes")]
+
+
+def report_changes(config_root: str, report: Mapping[str, Any]) -> bool:
+    """Whether writing ``report`` would change the findings of the last one (check mode's answer)."""
+    return _findings(read_report(config_root)) != _findings(report)
+
+
 def write_report(config_root: str, report: Mapping[str, Any]) -> Tuple[str, bool]:
     """Write ``generated/state-report.json`` atomically; return (path, whether the findings changed)."""
     path = report_path(config_root)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    previous = read_report(config_root)
+    changed = report_changes(config_root, report)
     write_atomic(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
-
-    def findings(r: Optional[Mapping[str, Any]]) -> Any:
-        return None if r is None else [r.get(k) for k in ("drift", "unavailable", "notes")]
-
-    return path, findings(previous) != findings(report)
+    return path, changed
 
 
 def read_report(config_root: str, strict: bool = False) -> Optional[Dict[str, Any]]:

@@ -3,9 +3,11 @@
 # Apache License 2.0 (see LICENSE)
 """What a real lifecycle run checks before it renders, plans or applies anything.
 
-* **HARD drift**: the last state report (``generated/state-report.json``, written by the
-  state query) holds no HARD line; each one refuses the run with the reference's message
-  (:func:`~.drift.hard_lines`). No report lets the run start; a report that cannot be read
+* **HARD drift**: the last state query found no HARD line; each one refuses the run with the
+  reference's message (:func:`~.drift.hard_lines`). The query keeps its HARD lines in meta-state
+  (``drift.yaml``), so every checkout sees them (an AWX job's fresh one too); a store without
+  that record falls back to this checkout's ``generated/state-report.json``
+  (:func:`~.drift.last_hard`). Neither lets the run start; a report that cannot be read
   refuses it.
 * **Meta-state can be read**: every meta-state file loads through the store, so its
   checks run (whole files, shapes, the files agreeing with each other).
@@ -22,7 +24,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ..errors import CsisError
-from .drift import DriftError, hard_lines, read_report, report_path
+from .drift import DRIFT_FILE, DriftError, last_hard
 from .backends import require_tree
 from .store import FILES, MetaState, MetaStateError, NotWritable
 
@@ -39,21 +41,22 @@ class PreflightError(CsisError):
         super().__init__("\n".join(problems), problems)
 
 
-def hard_drift(config_root: str) -> Dict[str, Any]:
-    """``{report, hard_drift, messages}``: the HARD lines of the last state report (none
-    written: no lines). Raises :class:`~.drift.DriftError` when the report cannot be read."""
-    report = read_report(config_root, strict=True)
-    hard = [dict(d) for d in (report or {}).get("drift") or [] if isinstance(d, dict) and d.get("hard")]
-    return {"report": report_path(config_root) if report is not None else None, "hard_drift": hard,
-            "messages": hard_lines({"drift": hard})}
+def hard_drift(config_root: str, ms: Optional[MetaState] = None) -> Dict[str, Any]:
+    """``{report, hard_drift, messages}``: the HARD lines of the last state query, from
+    meta-state's ``drift.yaml`` or this checkout's report (:func:`~.drift.last_hard`; ``report``
+    names the one read, None: neither exists). Raises :class:`~.drift.DriftError` (the report
+    cannot be read) or :class:`~.store.MetaStateError` (the record cannot)."""
+    ms = ms or MetaState(config_root)
+    found = last_hard(config_root, ms.load(DRIFT_FILE), ms.objects.label(DRIFT_FILE))
+    return {"report": found["source"], "hard_drift": found["hard_drift"], "messages": found["messages"]}
 
 
 def meta_state(config_root: str, write: bool = True, lock_timeout: float = 600.0,
-               what: Optional[str] = None) -> Dict[str, Any]:
+               what: Optional[str] = None, ms: Optional[MetaState] = None) -> Dict[str, Any]:
     """``{path, exists, files, writable}``: (``write``) the write probe and the lock, then every
     meta-state file read through the store (``writable`` stays None without ``write``).
     Raises :class:`~.store.MetaStateError` (:class:`~.store.NotWritable`: the write probe failed)."""
-    ms = MetaState(config_root, lock_timeout=lock_timeout)
+    ms = ms or MetaState(config_root, lock_timeout=lock_timeout)
     out: Dict[str, Any] = {"path": ms.where, "exists": ms.objects.exists(), "files": [], "writable": None}
     if write:
         try:
@@ -75,23 +78,29 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
     or raise :class:`PreflightError` with every finding (its ``result`` holds what was found)."""
     require_tree(config_root)  # a mistyped csis_config_root: refused before meta-state/ is created there
     problems: List[str] = []
-    directory = MetaState(config_root).dir
+    ms = MetaState(config_root, lock_timeout=lock_timeout)
+    directory = ms.dir
     result: Dict[str, Any] = {"hard_drift": [], "report": None,
                               "meta_state": {"path": directory, "exists": os.path.isdir(directory),
                                              "files": [], "writable": None}}
     try:
-        found = hard_drift(config_root)
-        result["hard_drift"], result["report"] = found["hard_drift"], found["report"]
-        problems += found["messages"]
-    except DriftError as exc:
-        problems.append(str(exc))
-    try:
-        result["meta_state"] = meta_state(config_root, write=write, lock_timeout=lock_timeout, what=what)
+        result["meta_state"] = meta_state(config_root, write=write, lock_timeout=lock_timeout, what=what, ms=ms)
     except NotWritable as exc:
         problems.append(str(exc))
         result["meta_state"]["writable"] = False
     except MetaStateError as exc:
         problems.append(str(exc))
+    drift: List[str] = []  # named first, as before meta-state's own problems
+    try:
+        found = hard_drift(config_root, ms)
+        result["hard_drift"], result["report"] = found["hard_drift"], found["report"]
+        drift += found["messages"]
+    except DriftError as exc:
+        drift.append(str(exc))
+    except MetaStateError as exc:  # a store that cannot be read at all is named once, by the check above
+        if str(exc) not in problems:
+            drift.append(str(exc))
+    problems = drift + problems
     if problems:
         raise PreflightError(problems, result)
     return result

@@ -10,7 +10,7 @@ This module is the one place meta-state is read and written (docs/meta-state.md)
   ``{"instances": {...}}``). The files keyed by instance, storage or root name (:data:`KEYED`)
   are kept as one object per record, ``<stem>/<name>.yaml`` (``launch-params/web.yaml``), each
   a whole file holding that one record; the others (pins, verifications, lineage, runs) stay
-  whole files. :meth:`MetaState.load` assembles a file from its records; a file from before
+  whole files (and ``drift.yaml``, the last state query's HARD lines). :meth:`MetaState.load` assembles a file from its records; a file from before
   the per-record layout (``launch-params.yaml`` itself) is read as it is while it exists, and
   the first transaction that writes it migrates it (its records written, then it is removed).
 * **Reads** (:meth:`MetaState.load`) take no lock. Every object is replaced atomically, so a
@@ -126,6 +126,8 @@ FILES: Dict[str, Tuple[Tuple[str, type], ...]] = {
     "runs.yaml": (("runs", list),),
     # plan receipts and approvals per root key (apply/approvals.py)
     "plan-receipts.yaml": (("roots", dict),),
+    # the last state query's HARD drift lines, where every checkout's preflight reads them (drift.py)
+    "drift.yaml": (("hard", list),),
 }
 
 _KIND_NAMES = {dict: "mapping", list: "list", str: "string", int: "integer",
@@ -273,6 +275,22 @@ def _validate_receipts(name: str, roots: Dict[str, Any]) -> None:
                 _expect_mapping(name, "%s.plans.%s" % (where, digest), receipt)
 
 
+#: the fields of a HARD drift line kept in ``drift.yaml`` (drift.py ``_line`` less ``hard``)
+DRIFT_FIELDS = ("kind", "name", "drift", "detail")
+
+
+def _validate_drift(name: str, data: Dict[str, Any]) -> None:
+    for index, line in enumerate(data["hard"]):
+        where = "'hard[%d]'" % index
+        _expect_mapping(name, where, line)
+        for field in DRIFT_FIELDS:
+            if not isinstance(line.get(field), str) or not line[field]:
+                raise _fail(name, "%s.%s" % (where, field), "must be a non-empty string, got %s" % _kind(line.get(field)))
+    for key in ("run", "time"):
+        if key in data and not isinstance(data[key], str):
+            raise _fail(name, "top-level key '%s'" % key, "must be a string, got %s" % _kind(data[key]))
+
+
 def _validate_name_map(name: str, top: str, value: Dict[str, Any]) -> None:
     for _entry in _entries(name, top, value):
         pass
@@ -286,6 +304,7 @@ _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
     "storage.yaml": lambda n, d: _validate_name_map(n, "storages", d["storages"]),
     "image-tests.yaml": lambda n, d: _validate_image_tests(n, d["builds"]),
     "plan-receipts.yaml": lambda n, d: _validate_receipts(n, d["roots"]),
+    "drift.yaml": _validate_drift,
 }
 
 
