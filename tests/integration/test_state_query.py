@@ -166,6 +166,12 @@ def test_an_endpoint_that_is_down_gives_unavailable_lines_not_missing(tree):
     assert "127.0.0.1:%d" % port in joined
     assert all(v["present"] is None for v in rep["reality"]["storages"].values())
     assert "unavailable: storage mnt_data:" in _text(res)
+    # the AWX drift job's setting: a query that could not look is not green
+    res = tree.play("state_query.yml", [down], csis_state_fail_on_unavailable=True)
+    assert res.returncode != 0
+    assert ("the state query could not look %d thing(s) up, so the report cannot say whether they drifted"
+            % len(rep["unavailable"])) in _text(res), res.stdout[-4000:]
+    assert "127.0.0.1:%d" % port in _text(res)
 
 
 def test_a_deleted_volume_is_missing_hard_and_stops_the_next_run_until_corrected(tree):

@@ -327,6 +327,11 @@ def test_plan_and_apply_templates_and_the_workflows() -> None:
     sched = _by_module("awx.awx.schedule")[0]["awx.awx.schedule"]
     assert sched["unified_job_template"] == "{{ csis_awx_drift_name }}" and "RRULE:" in play["vars"]["csis_awx_drift_rrule"]
     assert play["vars"]["csis_awx_drift_playbook"] == "playbooks/state_query.yml"
+    drift_job = [t["awx.awx.job_template"] for t in _by_module("awx.awx.job_template")
+                 if t["awx.awx.job_template"]["name"] == "{{ csis_awx_drift_name }}"][0]
+    for var in ("csis_state_fail_on_hard", "csis_state_fail_on_unavailable"):  # a drift job that cannot look is red
+        assert "'%s'" % var in drift_job["extra_vars"]
+    assert play["vars"]["csis_awx_drift_fail_on_hard"] is True and play["vars"]["csis_awx_drift_fail_on_unavailable"] is True
 
     src = _by_module("awx.awx.inventory_source")[0]["awx.awx.inventory_source"]
     assert src["source"] == "scm" and src["source_project"] == "{{ csis_awx_project_name }}"
