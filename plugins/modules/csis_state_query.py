@@ -78,7 +78,9 @@ summary:
   returned: success
   type: dict
 hard:
-  description: The refusal message of every HARD line (what makes a lifecycle run refuse to start).
+  description:
+    - The refusal message of every HARD line (what makes a lifecycle run refuse to start), those of RV(recorded.kept)
+      included.
   returned: success
   type: list
   elements: str
@@ -105,13 +107,19 @@ recorded:
     revision:
       description: The meta-state revision of that write (null when nothing was written).
       type: int
+    kept:
+      description:
+        - The record's HARD lines about storages or instances this query could not look up (an C(unavailable) line).
+          They are kept, since only a query that sees the thing clears its line. Each C({kind, name, drift, detail}).
+      type: list
+      elements: dict
   version_added: 0.2.0
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, fail_from, reveal_of
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import (
-    console_lines, hard_lines, query, record_hard, report_changes, report_path, write_report)
+    console_lines, drift_text, hard_lines, query, record_hard, report_changes, report_path, write_report)
 
 
 def _run(module, p):
@@ -135,9 +143,12 @@ def _run(module, p):
                                                           "the report is written (%s)" % path),
                   lines=console_lines(report), hard=hard_lines(report))
     changed = changed or recorded["changed"]
+    lines = console_lines(report) + ["  kept in meta-state (not looked up this time): %s" % drift_text(dict(d, hard=True))
+                                     for d in recorded["kept"]]
     return dict(changed=changed, recorded=recorded, report=report, drift=report["drift"], unavailable=report["unavailable"],
-                notes=report["notes"], summary=report["summary"], hard=hard_lines(report),
-                lines=console_lines(report), path=path)
+                notes=report["notes"], summary=report["summary"], lines=lines, path=path,
+                hard=hard_lines(report) + hard_lines({"drift": [dict(d, hard=True) for d in recorded["kept"]]},
+                                                     source="meta-state drift.yaml, not looked up this time"))
 
 
 RUN = ModuleRun(

@@ -26,7 +26,7 @@ import pytest
 from day2_trees import Runner, make_tree, tail, text
 from trees import copy_as_shipped, replace_text
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import preflight
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import PreflightError, preflight
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, launched_instances
 
 pytestmark = pytest.mark.integration
@@ -118,7 +118,7 @@ def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones
     """The AWX case: the drift job's checkout (A) finds a recorded volume gone; a lifecycle job's
     fresh checkout (B), which has no state report of its own, refuses its real run, reading the
     HARD line from the S3 store. B's state import corrects the record and its query clears the
-    line for both: A's preflight passes although A's own report still holds the line."""
+    line in the store; A, whose own report still holds it, refuses until its own query runs again."""
     a, b, ep = clones
     for key, value in ep.env.items():
         monkeypatch.setenv(key, value)
@@ -134,6 +134,21 @@ def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones
     assert MetaState(a).load("drift.yaml")["hard"][0]["name"] == "mnt_data"
     assert _local_records(a) == [] and not os.path.exists(os.path.join(a, "meta-state", "drift.yaml"))
 
+    # B's query, whose lookups all fail (its endpoint down), cannot clear what it could not see
+    import socket
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    down = os.path.join(os.path.dirname(b), "down.yml")
+    with open(down, "w", encoding="utf-8") as fh:
+        fh.write("runtime_builders:\n  - name: aws-east2-runtime\n    endpoints: {url: \"http://127.0.0.1:%d\"}\n" % port)
+    before = MetaState(a).revision()
+    res = Runner(b, ep).play("state_query.yml", overlays=[down])
+    assert res.returncode == 0, tail(res)
+    assert "kept in meta-state (not looked up this time): missing storage mnt_data" in text(res), tail(res)
+    assert MetaState(a).revision() == before and MetaState(a).load("drift.yaml")["hard"][0]["name"] == "mnt_data"
+    os.remove(os.path.join(b, "generated", "state-report.json"))  # B stays a checkout without a report
+
     assert not os.path.exists(os.path.join(b, "generated", "state-report.json"))
     res = Runner(b, ep).play("identity.yml")
     assert res.returncode != 0
@@ -146,8 +161,14 @@ def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones
     assert res.returncode == 0, tail(res)
     assert MetaState(b).load("drift.yaml")["hard"] == []  # its query ran again and cleared the record
 
-    with open(os.path.join(a, "generated", "state-report.json"), encoding="utf-8") as fh:
-        assert json.load(fh)["summary"]["hard"] == 1  # A's own report is older than the record
-    found = preflight(a, write=False)  # what A's next real run checks first (the playbook runs this above)
-    assert found["hard_drift"] == [] and found["report"].startswith("s3://") and found["report"].endswith("/drift.yaml")
+    # A's own report, older than the record, still holds the line: A refuses (what its next real run
+    # checks first) until its own query runs again, and the message says which file
+    with pytest.raises(PreflightError) as err:
+        preflight(a, write=False)
+    assert str(err.value).endswith("(from state-report.json; re-run 'state query' after fixing)"), str(err.value)
+    assert "drift.yaml" not in str(err.value)
+    res = Runner(a, ep).play("state_query.yml")
+    assert res.returncode == 0, tail(res)
+    found = preflight(a, write=False)
+    assert found["hard_drift"] == [] and found["report"].startswith("s3://"), found["report"]
     ec2.delete_volume(VolumeId=new)

@@ -77,3 +77,53 @@ def test_a_revision_the_store_never_had_is_refused_not_shown_as_the_present(tmp_
             store.history_report(root, storage="mnt_data", revision=bad)
         assert str(exc.value) == "revision %d: %s holds revisions 0 to %d (the last committed one)" % (
             bad, store.MetaState(root).where, txn.revision)
+
+
+def test_an_apply_that_changes_no_record_is_in_the_trail_and_no_apply_writes_nothing(tmp_path):
+    """A tag update (or the identity root's groups) changes no meta-state record, yet the apply
+    happened: the record step audits it (``applied``, with the plan's digest); a record without
+    an apply (an empty plan) commits nothing."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    root = str(tmp_path)
+    rp = {"key": "storage-aws-ebs", "builder": "aws-ebs", "lifecycle": "storage", "directory": root,
+          "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs", "requested_state": "active",
+                                    "current_state": None, "address": "module.storage_mnt_data"}}}
+    state = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
+                            "name": "this", "instances": [{"attributes": {"id": "vol-0123abcd", "size": 100,
+                                                                          "availability_zone": "us-east-2a"}}]}]}
+    context = {"lifecycle": "storage", "root": "storage-aws-ebs", "plan_digest": "cd" * 32, "run_id": "r1"}
+    record.record_root(root, rp, "r1", state=state, context=context, applied="1 to add, 0 to change, 0 to destroy")
+    first = store.MetaState(root).revision()
+    record.record_root(root, rp, "r2", state=state, context=dict(context, run_id="r2"))  # no apply: nothing
+    assert store.MetaState(root).revision() == first
+    record.record_root(root, rp, "r3", state=state, context=dict(context, run_id="r3", plan_digest="ef" * 32),
+                       applied="0 to add, 1 to change, 0 to destroy")  # the volume's tags
+    doc = store.audit_trail(store.MetaState(root), root="storage-aws-ebs")[-1]
+    assert doc["revision"] == first + 1 and doc["changes"] == []
+    assert doc["events"] == [{"kind": "applied", "root": "storage-aws-ebs", "plan_digest": "ef" * 32,
+                              "detail": "applied: 0 to add, 1 to change, 0 to destroy"}]
+    # the identity root records nothing, but its apply is audited the same way
+    ident = {"key": "identity-posix-groups", "builder": "posix-groups", "lifecycle": "identity", "directory": root}
+    assert record.record_root(root, ident, "r4", context={"root": "identity-posix-groups", "plan_digest": "01" * 32},
+                              applied="3 to add, 0 to change, 0 to destroy") == {"written": []}
+    (doc,) = store.audit_trail(store.MetaState(root), root="identity-posix-groups")
+    assert doc["what"] == "csis_record identity root posix-groups" and doc["events"][0]["kind"] == "applied"
+    lines = store.history_report(root, root="identity-posix-groups")["lines"]
+    assert lines == [l for l in lines if "applied identity-posix-groups" in l and "applied: 3 to add" in l
+                     and "plan_digest 010101010101" in l] and len(lines) == 1, lines
+
+
+def test_history_names_an_approvals_people_and_a_root_by_its_whole_name(tmp_path):
+    root = str(tmp_path)
+    store.audit_event(root, {"kind": "approval", "root": "storage-aws-ebs", "plan_digest": "ab" * 32,
+                             "requested_by": "alice", "approved_by": "bob", "method": "awx", "workflow": "40",
+                             "apply_job": "47"}, what="csis.infra approval storage-aws-ebs",
+                      context={"root": "storage-aws-ebs"})
+    store.audit_event(root, {"kind": "gate refused", "root": "storage-aws-efs", "detail": "x"},
+                      what="csis gate refused: storage-aws-efs", context={"root": "storage-aws-efs"})
+    (line,) = store.history_report(root, root="storage-aws-ebs")["lines"]
+    assert line.endswith("-- apply_job 47, approved_by bob, method awx, plan_digest abababababab, requested_by alice, "
+                         "workflow 40"), line
+    assert store.history_report(root, root="storage-aws-e")["lines"] == []  # no root of that name
+    assert len(store.history_report(root, root="storage-aws-efs")["lines"]) == 1

@@ -187,6 +187,12 @@ def test_the_required_tags_may_come_from_any_layer(tree):
     assert [(p.file, p.key) for p in err.value.problems] == [("cfg/runtime-builders.yml", "runtime_builders[0] (%s).tags" % RT)]
     edit(tree, "cfg/runtime-builders.yml", lambda d: d["runtime_builders"][0].update(tags={"Team": "rt"}))
     validated(tree)
+    # an empty value over an inherited one blanks the tag: refused, naming the storage's own tags
+    edit(tree, "storages/storage0.yaml", lambda d: d["storages"][1]["tags"].update(BillingCode=""))
+    with pytest.raises(ConfigError) as err:
+        validated(tree)
+    assert len(err.value.problems) == 1 and "lacks the required tag BillingCode (empty)" in str(err.value.problems[0])
+    assert err.value.problems[0].file == "storages/storage0.yaml"
 
 
 # ----------------------------------------------------------------------------- the gate on plan JSON
@@ -207,6 +213,8 @@ def test_missing_tags_reads_tags_all_and_tags_and_known_keys_only():
     assert missing_tags({"after": full}, REQ) == []
     assert missing_tags({"after": {"tags": {"BillingCode": "b"}, "tags_all": {"Owner": "o"}}}, REQ) == []
     assert missing_tags({"after": {"tags": {"Owner": "o"}, "tags_all": {"Owner": "o"}}}, REQ) == ["BillingCode"]
+    # an empty value is no tag: a leaf cannot blank an inherited cost tag
+    assert missing_tags({"after": {"tags": {"Owner": ""}, "tags_all": {"Owner": "", "BillingCode": "b"}}}, REQ) == ["Owner"]
     # a key whose value is known only after the apply is a known key
     assert missing_tags({"after": {"tags_all": {"Owner": "o"}}, "after_unknown": {"tags_all": {"BillingCode": True}}}, REQ) == []
     # a whole map known only after the apply names no key

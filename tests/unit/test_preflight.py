@@ -104,17 +104,23 @@ def test_a_report_that_cannot_be_read_refuses(tmp_path):
 
 
 # --------------------------------------------------------------------------- HARD drift kept in meta-state
+def _report(run, drift, unseen=()):
+    """A state report as the query makes it: ``unseen`` storages could not be looked up."""
+    return {"run": run, "drift": drift,
+            "reality": {"storages": {n: {"present": None} for n in unseen}, "instances": {}}}
+
+
 def test_the_querys_hard_lines_kept_in_meta_state_refuse_a_checkout_without_the_report(tmp_path):
     """An AWX job's fresh checkout has no generated/state-report.json: meta-state's drift.yaml,
     which every checkout reads (the S3 store under AWX), refuses the run."""
     from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift
     root = tree_at(tmp_path)
-    assert drift.record_hard(root, {"run": "q1", "drift": [STALE]}) == {
-        "where": "meta-state/drift.yaml", "changed": False, "revision": None}  # no record, nothing HARD: nothing written
+    assert drift.record_hard(root, _report("q1", [STALE])) == {
+        "where": "meta-state/drift.yaml", "changed": False, "revision": None, "kept": []}  # nothing HARD: nothing written
     assert not os.path.exists(os.path.join(root, "meta-state"))
-    assert drift.record_hard(root, {"run": "q2", "drift": [STALE, MISSING]}, write=False)["changed"] is True
+    assert drift.record_hard(root, _report("q2", [STALE, MISSING]), write=False)["changed"] is True
     assert not os.path.exists(os.path.join(root, "meta-state"))  # check mode: only said
-    out = drift.record_hard(root, {"run": "q2", "drift": [STALE, MISSING]})
+    out = drift.record_hard(root, _report("q2", [STALE, MISSING]))
     assert out["changed"] is True and out["revision"] == 1
     stored = MetaState(root).load("drift.yaml")
     assert stored["hard"] == [{k: MISSING[k] for k in ("kind", "name", "drift", "detail")}] and stored["run"] == "q2"
@@ -125,22 +131,35 @@ def test_the_querys_hard_lines_kept_in_meta_state_refuse_a_checkout_without_the_
                               "(from meta-state drift.yaml, state query q2; re-run 'state query' after fixing)")
     assert err.value.result["hard_drift"] == [MISSING] and err.value.result["report"] == "meta-state/drift.yaml"
     # the same lines again write nothing (a daily drift job does not fill the audit trail)
-    assert drift.record_hard(root, {"run": "q3", "drift": [MISSING]})["changed"] is False
+    assert drift.record_hard(root, _report("q3", [MISSING]))["changed"] is False
     assert MetaState(root).revision() == 1
-    # the record decides over this checkout's older report; a query without HARD lines clears it
-    write_report(root, [])
+    # a query that could not look the volume up (the endpoint down, expired credentials) keeps its line
+    out = drift.record_hard(root, _report("q4", [STALE], unseen=["mnt_data"]))
+    assert out["changed"] is False and out["kept"] == [{k: MISSING[k] for k in ("kind", "name", "drift", "detail")}]
     with pytest.raises(preflight.PreflightError):
         preflight.preflight(root)
-    assert drift.record_hard(root, {"run": "q4", "drift": [STALE]}) == {
-        "where": "meta-state/drift.yaml", "changed": True, "revision": 2}
-    write_report(root, [MISSING])
-    res = preflight.preflight(root)
-    assert res["hard_drift"] == [] and res["report"] == "meta-state/drift.yaml"
-    assert [a["what"] for a in audit_trail(MetaState(root))][-2:] == ["csis_state_query q2", "csis_state_query q4"]
-    # a query that wrote both (a terminal's): the lines name the report, as the reference's do
-    write_report(root, [MISSING], run="q5")
-    drift.record_hard(root, {"run": "q5", "drift": [MISSING]})
+    # the checkout that ran the query: a line in both names the report, as the reference's message does
+    write_report(root, [MISSING], run="q2")
     with pytest.raises(preflight.PreflightError, match=r"\(from state-report.json; re-run 'state query' after fixing\)$"):
+        preflight.preflight(root)
+    # a query that saw the volume back clears the record; this checkout's own older report still
+    # refuses until its own query runs again (a report newer than the record, written when the
+    # record could not be, refuses the same way)
+    assert drift.record_hard(root, _report("q5", [STALE])) == {
+        "where": "meta-state/drift.yaml", "changed": True, "revision": 2, "kept": []}
+    with pytest.raises(preflight.PreflightError, match=r"\(from state-report.json; "):
+        preflight.preflight(root)
+    write_report(root, [STALE], run="q6")
+    res = preflight.preflight(root)
+    assert res["hard_drift"] == [] and res["report"] == "meta-state/drift.yaml and %s" % os.path.join(
+        root, "generated", "state-report.json")
+    assert [a["what"] for a in audit_trail(MetaState(root))][-2:] == ["csis_state_query q2", "csis_state_query q5"]
+
+
+def test_a_drift_record_written_by_hand_without_a_run_still_refuses(tmp_path):
+    root = tree_at(tmp_path)
+    write_meta(root, "drift.yaml", {"hard": [{k: MISSING[k] for k in ("kind", "name", "drift", "detail")}]})
+    with pytest.raises(preflight.PreflightError, match=r"\(from meta-state drift.yaml, state query unknown; "):
         preflight.preflight(root)
 
 
@@ -149,7 +168,12 @@ def test_a_damaged_drift_record_refuses_naming_it(tmp_path):
     write_meta(root, "drift.yaml", {"hard": [{"kind": "storage", "name": "x", "drift": "missing"}], "run": "q"})
     with pytest.raises(preflight.PreflightError) as err:
         preflight.preflight(root)
-    assert str(err.value) == "meta-state/drift.yaml: 'hard[0]'.detail must be a non-empty string, got null"
+    assert str(err.value) == ("meta-state/drift.yaml: 'hard[0]'.detail must be a non-empty string, got null. It holds "
+                              "only the last state query's HARD lines: remove it and run playbooks/state_query.yml "
+                              "again, which writes it anew")
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift
+    with pytest.raises(MetaStateError, match=r"drift.yaml: 'hard\[0\]'.detail .* remove it and run playbooks/state_query.yml"):
+        drift.record_hard(root, _report("q", []))
 
 
 # --------------------------------------------------------------------------- meta-state

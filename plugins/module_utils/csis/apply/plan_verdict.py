@@ -114,18 +114,20 @@ def missing_tags(change: Mapping[str, Any], required: Iterable[str]) -> List[str
     """The keys of ``required`` that the planned object of ``change`` lacks, when it is taggable
     (its ``after`` has a ``tags_all`` or ``tags`` attribute, known or not); else none.
 
-    A key counts when it is in the known ``tags_all`` or ``tags``, or marked in ``after_unknown``
-    as a key whose value is known only after the apply; a whole map known only after the apply
-    names no key (the plan cannot show the tag is there)."""
+    A key counts when it is in the known ``tags_all`` or ``tags`` with a value that is not empty,
+    or marked in ``after_unknown`` as a key whose value is known only after the apply; a whole map
+    known only after the apply names no key (the plan cannot show the tag is there)."""
     after = change.get("after") if isinstance(change.get("after"), Mapping) else {}
     unknown = change.get("after_unknown") if isinstance(change.get("after_unknown"), Mapping) else {}
     if not any(a in after or a in unknown for a in TAG_ATTRIBUTES):
         return []
     keys = set()
     for a in TAG_ATTRIBUTES:
-        for source in (after.get(a), unknown.get(a)):
-            if isinstance(source, Mapping):
-                keys.update(str(k) for k in source)
+        known, later = after.get(a), unknown.get(a)
+        if isinstance(known, Mapping):
+            keys.update(str(k) for k, v in known.items() if str(v if v is not None else "").strip())
+        if isinstance(later, Mapping):
+            keys.update(str(k) for k, v in later.items() if v)
     return [k for k in required if k not in keys]
 
 

@@ -268,7 +268,9 @@ def hierarchy_problems(tree: Any) -> List[Problem]:
 
 
 def _missing(tags: Mapping[str, str], required: Sequence[str]) -> List[str]:
-    return [k for k in required if k not in tags]
+    """The required keys ``tags`` lacks; a key whose value is empty (a leaf blanking an inherited
+    cost tag) lacks it too, and is named ``<key> (empty)``."""
+    return [k if k not in tags else "%s (empty)" % k for k in required if not str(tags.get(k) or "").strip()]
 
 
 def required_tag_problems(tree: Any) -> List[Problem]:

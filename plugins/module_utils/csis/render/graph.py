@@ -387,7 +387,7 @@ def picture(config_root: str, overlays: Any = (), dot: str = "dot", timeout: flo
     from ..config.loader import load_tree
     from ..config.validate import read_meta, validate_tree
     from ..errors import ConfigError
-    from ..state.drift import DRIFT_FILE, last_hard
+    from ..state.drift import DRIFT_FILE, damaged_record, last_hard
     from ..state.store import MetaState, MetaStateError
 
     tree = load_tree(config_root, overlays=overlays)
@@ -399,7 +399,7 @@ def picture(config_root: str, overlays: Any = (), dot: str = "dot", timeout: flo
     try:
         stored = ms.load(DRIFT_FILE)
     except MetaStateError as exc:
-        raise ConfigError([str(exc)]) from exc
+        raise ConfigError([str(damaged_record(exc))]) from exc
     report = {"drift": last_hard(tree.root, stored, ms.objects.label(DRIFT_FILE))["hard_drift"]}
     g = build(tree, meta, report, refs=[] if problems else None)
     if problems:

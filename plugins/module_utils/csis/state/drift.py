@@ -274,39 +274,77 @@ def _hard_of(report: Mapping[str, Any]) -> List[Dict[str, str]]:
     return [{k: str(d.get(k)) for k in DRIFT_FIELDS} for d in report.get("drift") or [] if d.get("hard")]
 
 
+def _unseen(report: Mapping[str, Any]) -> set:
+    """``(kind, name)`` of what the query could not look up (``present`` null: an ``unavailable``
+    line): it cannot say whether a HARD line about them still holds."""
+    reality = report.get("reality") or {}
+    return {(kind, name) for kind, key in (("storage", "storages"), ("instance", "instances"))
+            for name, seen in (reality.get(key) or {}).items() if isinstance(seen, dict) and seen.get("present") is None}
+
+
 def _stored(data: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
     """The drift record of meta-state's :data:`DRIFT_FILE` as loaded (None: the store holds
-    none; an empty shape has no ``run``, a written record always has one)."""
-    return data if data and data.get("run") else None
+    none). A written record always has a ``run``; one with HARD lines and none (written by
+    hand) is a record all the same: its lines are never ignored."""
+    return data if data and (data.get("run") or data.get("hard")) else None
+
+
+def damaged_record(exc: BaseException) -> BaseException:
+    """A meta-state error about :data:`DRIFT_FILE` itself, with what to do about it: the record is
+    derived (the query computes its lines anew), so removing it and querying again loses nothing."""
+    from .store import MetaStateError
+    text = str(exc)
+    if isinstance(exc, MetaStateError) and DRIFT_FILE in text.split(":", 1)[0]:
+        return MetaStateError("%s. It holds only the last state query's HARD lines: remove it and run "
+                              "playbooks/state_query.yml again, which writes it anew" % text.rstrip("."))
+    return exc
 
 
 def record_hard(config_root: str, report: Mapping[str, Any], what: Optional[str] = None,
                 write: bool = True) -> Dict[str, Any]:
     """Keep ``report``'s HARD lines in meta-state (:data:`DRIFT_FILE`), where every checkout of
-    the tree reads them. Written only when they differ from the record's (no record and no HARD
-    line: nothing to write), in one transaction (the lock, an audit record). Returns
-    ``{"where": the record's label, "changed": bool, "revision": the new revision or None}``
-    (``write`` False: nothing is written, ``changed`` says whether it would be). Raises
-    :class:`~.store.MetaStateError` (not readable, not writable, the lock not obtained)."""
+    the tree reads them. A line of the record about something this query could not look up
+    (:func:`_unseen`: the endpoint down, expired credentials) is kept: only a query that saw the
+    thing clears its line. Written only when the lines differ from the record's (no record and
+    no HARD line: nothing to write), in one transaction (the lock, an audit record). Returns
+    ``{"where": the record's label, "changed": bool, "revision": the new revision or None,
+    "kept": [the record's lines kept unseen]}`` (``write`` False: nothing is written, ``changed``
+    says whether it would be). Raises :class:`~.store.MetaStateError` (not readable, not
+    writable, the lock not obtained; a damaged record says how to replace it)."""
     from .store import MetaState
     ms = MetaState(config_root)
-    hard = _hard_of(report)
-    out: Dict[str, Any] = {"where": ms.objects.label(DRIFT_FILE), "changed": False, "revision": None}
+    found = _hard_of(report)
+    unseen = _unseen(report)
+    out: Dict[str, Any] = {"where": ms.objects.label(DRIFT_FILE), "changed": False, "revision": None, "kept": []}
 
-    def unchanged(data: Optional[Mapping[str, Any]]) -> bool:
+    def wanted(data: Optional[Mapping[str, Any]]) -> Tuple[List[Dict[str, str]], List[Dict[str, str]]]:
+        """(the lines the record should hold, those of them kept unseen); the record's lines as well"""
         stored = _stored(data)
-        return (stored["hard"] if stored else []) == hard
+        old = [dict(d) for d in (stored["hard"] if stored else [])]
+        subjects = {(d["kind"], d["name"]) for d in found}
+        kept = [d for d in old if (d["kind"], d["name"]) in unseen and (d["kind"], d["name"]) not in subjects]
+        return found + kept, kept
 
-    if unchanged(ms.load(DRIFT_FILE)):
-        return out
-    if not write:
-        out["changed"] = True
-        return out
-    with ms.transaction(what or "csis_state_query %s" % report.get("run"),
-                        context={"run": report.get("run"), "hard": len(hard)}) as txn:
-        if not unchanged(txn.load(DRIFT_FILE)):  # read again under the lock: another query may have written it
-            txn.save(DRIFT_FILE, {"hard": hard, "run": str(report.get("run")),
-                                  "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    try:
+        data = ms.load(DRIFT_FILE)
+        lines, out["kept"] = wanted(data)
+        if lines == ((_stored(data) or {}).get("hard") or []):
+            return out
+        if not write:
+            out["changed"] = True
+            return out
+        with ms.transaction(what or "csis_state_query %s" % report.get("run"),
+                            context={"run": report.get("run"), "hard": len(lines)}) as txn:
+            data = txn.load(DRIFT_FILE)  # read again under the lock: another query may have written it
+            lines, out["kept"] = wanted(data)
+            if lines != ((_stored(data) or {}).get("hard") or []):
+                txn.save(DRIFT_FILE, {"hard": lines, "run": str(report.get("run")),
+                                      "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    except Exception as exc:  # noqa: BLE001 - a damaged record gets its remedy; anything else as it is
+        raised = damaged_record(exc)
+        if raised is exc:
+            raise
+        raise raised from exc
     out.update(changed=bool(txn.written), revision=txn.revision)
     return out
 
@@ -314,22 +352,27 @@ def record_hard(config_root: str, report: Mapping[str, Any], what: Optional[str]
 def last_hard(config_root: str, stored: Optional[Mapping[str, Any]], where: str = DRIFT_FILE) -> Dict[str, Any]:
     """The HARD lines a lifecycle run must refuse on: ``{source, hard_drift, messages}``.
 
-    ``stored`` is meta-state's :data:`DRIFT_FILE` as loaded (its label ``where``): when the store
-    holds a record, it decides (every query since this record existed wrote it, from whichever
-    checkout); otherwise this checkout's ``generated/state-report.json`` does (a report written
-    before the record existed). The lines name the report when it is the record's own query's
-    (the reference's message, in a terminal), else the record. ``source`` is None when neither
-    exists. Raises :class:`DriftError` when the report cannot be read."""
+    Both places count, so a run refuses when either holds a line: meta-state's :data:`DRIFT_FILE`
+    (``stored``, as loaded; its label ``where``), which the query of any checkout writes and
+    every checkout reads, and this checkout's own ``generated/state-report.json`` (a query here
+    whose record could not be written, a report from before the record existed). A line of the
+    report names the report (the reference's message); a line only the record holds names the
+    record and its query. A checkout whose report still holds a line another checkout cleared
+    refuses until its own query runs again, as the message says. ``source``: what was read (the
+    record's label, the report's path, both joined by " and ", or None when neither exists).
+    Raises :class:`DriftError` when the report cannot be read."""
     report = read_report(config_root, strict=True)
     record = _stored(stored)
-    if record is not None and not (report is not None and report.get("run") == record["run"]
-                                   and _hard_of(report) == record["hard"]):
-        hard = [dict(d, hard=True) for d in record["hard"]]
-        return {"source": where, "hard_drift": hard,
-                "messages": hard_lines({"drift": hard}, source="meta-state %s, state query %s" % (DRIFT_FILE, record["run"]))}
-    hard = [dict(d) for d in (report or {}).get("drift") or [] if isinstance(d, dict) and d.get("hard")]
-    return {"source": report_path(config_root) if report is not None else None, "hard_drift": hard,
-            "messages": hard_lines({"drift": hard})}
+    mine = [dict(d) for d in (report or {}).get("drift") or [] if isinstance(d, dict) and d.get("hard")]
+    messages = hard_lines({"drift": mine})
+    seen = {tuple(str(d.get(k)) for k in ("kind", "name", "drift", "detail")) for d in mine}
+    theirs = [dict(d, hard=True) for d in (record or {}).get("hard") or []
+              if tuple(str(d.get(k)) for k in ("kind", "name", "drift", "detail")) not in seen]
+    if theirs:
+        messages += hard_lines({"drift": theirs}, source="meta-state %s, state query %s"
+                               % (DRIFT_FILE, (record or {}).get("run") or "unknown"))
+    sources = ([where] if record is not None else []) + ([report_path(config_root)] if report is not None else [])
+    return {"source": " and ".join(sources) or None, "hard_drift": mine + theirs, "messages": messages}
 
 
 def report_path(config_root: str) -> str:

@@ -24,7 +24,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ..errors import CsisError
-from .drift import DRIFT_FILE, DriftError, last_hard
+from .drift import DRIFT_FILE, DriftError, damaged_record, last_hard
 from .backends import require_tree
 from .store import FILES, MetaState, MetaStateError, NotWritable
 
@@ -89,7 +89,7 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
         problems.append(str(exc))
         result["meta_state"]["writable"] = False
     except MetaStateError as exc:
-        problems.append(str(exc))
+        problems.append(str(damaged_record(exc)))
     drift: List[str] = []  # named first, as before meta-state's own problems
     try:
         found = hard_drift(config_root, ms)
@@ -98,8 +98,8 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
     except DriftError as exc:
         drift.append(str(exc))
     except MetaStateError as exc:  # a store that cannot be read at all is named once, by the check above
-        if str(exc) not in problems:
-            drift.append(str(exc))
+        if str(damaged_record(exc)) not in problems:
+            drift.append(str(damaged_record(exc)))
     problems = drift + problems
     if problems:
         raise PreflightError(problems, result)

@@ -68,15 +68,18 @@ def add_history(rec: Dict[str, Any], entry: Dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- storages
 def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
                         done_transitions: Iterable[Mapping[str, Any]] = (),
-                        context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                        context: Optional[Mapping[str, Any]] = None,
+                        event: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record the storages of an applied storage root; returns {storage: (from, to)}.
 
     Reads and writes only the records of the root's storages (and their read-model records),
-    whatever else meta-state holds."""
+    whatever else meta-state holds. ``event`` (:func:`applied_event`) is audited with them."""
     res = resources(state)
     done = {(t.get("storage"), t.get("action")) for t in done_transitions}
     changes: Dict[str, Any] = {}
     with ms.transaction("csis_record storage root %s" % root.get("builder"), context=context) as txn:
+        if event:
+            txn.note(event)
         touched = []
         for name, info in sorted((root.get("storages") or {}).items()):
             mine = under(res, info["address"])
@@ -230,8 +233,10 @@ def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
-                         context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                         context: Optional[Mapping[str, Any]] = None,
+                         event: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record the instances of an applied instance root; returns {instance: what happened}.
+    ``event`` (:func:`applied_event`) is audited with them.
 
     Reads and writes only the records of the root's instances (launch-params, instance-state,
     pins), the rest of ``pins.yaml`` (pending replacements, the upgrade log) and the read-model
@@ -239,6 +244,8 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
     res = resources(state)
     out: Dict[str, Any] = {}
     with ms.transaction("csis_record instance root %s" % root.get("builder"), context=context) as txn:
+        if event:
+            txn.note(event)
         pins = txn.load_rest("pins.yaml")
         pending, upgrades = pins["pending_replacements"], pins["upgrades"]
         launches: Dict[str, Optional[Dict[str, Any]]] = {}
@@ -344,24 +351,45 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
                 applied: Optional[str] = None, context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Record what the root's terraform state holds (:func:`record_storage_root`,
     :func:`record_instance_root`). ``applied``: what this run applied to the root (its plan
-    summary), named by the :class:`RecordError` raised when meta-state cannot take the record.
+    summary): audited as an ``applied`` event in the same transaction, so the trail shows every
+    apply, one that changed no record too (a tag update, the identity root's groups); and named
+    by the :class:`RecordError` raised when meta-state cannot take the record.
     ``context`` (lifecycle, root, plan digest...) goes into the transaction's audit record."""
     ms = MetaState(config_root)
-    if state is None:
-        state = tfstate.read(root["directory"], root.get("binary") or "terraform")
+    event = applied_event(root, applied, context)
     try:
-        if root["lifecycle"] == "storage":
-            got = record_storage_root(ms, root, state, run, done_transitions, context)
-            key = "storages"
-        elif root["lifecycle"] == "instance-image":
-            got = record_instance_root(ms, root, state, run, context)
-            key = "instances"
-        else:
+        if root["lifecycle"] not in ("storage", "instance-image"):
+            if event:  # nothing of it is recorded, but the apply happened: the trail says so
+                with ms.transaction("csis_record %s root %s" % (root["lifecycle"], root.get("builder")),
+                                    context=context) as txn:
+                    txn.note(event)
             return {"written": []}
-    except MetaStateError as exc:
-        raise RecordError(record_failed_message(root, state, exc, applied)) from exc
+        if state is None:
+            state = tfstate.read(root["directory"], root.get("binary") or "terraform")
+        if root["lifecycle"] == "storage":
+            got = record_storage_root(ms, root, state, run, done_transitions, context, event)
+            key = "storages"
+        else:
+            got = record_instance_root(ms, root, state, run, context, event)
+            key = "instances"
+    except MetaStateError as exc:  # (no state read: an identity root, whose audit of the apply failed)
+        raise RecordError(record_failed_message(root, state or {}, exc, applied)) from exc
     written = got.pop("_written", [])
     return {key: got, "written": written}
+
+
+def applied_event(root: Mapping[str, Any], applied: Optional[str],
+                  context: Optional[Mapping[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """The audit event of an apply that happened (``applied``: its plan summary; None: no apply,
+    no event): ``{kind: applied, root, detail, plan_digest}``."""
+    if not applied:
+        return None
+    ctx = dict(context or {})
+    event: Dict[str, Any] = {"kind": "applied", "root": ctx.get("root") or root.get("key") or root.get("builder"),
+                             "detail": "applied: %s" % applied}
+    if ctx.get("plan_digest"):
+        event["plan_digest"] = ctx["plan_digest"]
+    return event
 
 
 # --------------------------------------------------------------------------- day-2 records

@@ -1637,9 +1637,10 @@ def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[
         return False
     if storage and not any(_names(c, _STORAGE_FILES, storage) for c in changes):
         return False
-    if root:
+    if root:  # the root's own name, never a part of another's (aws-s3 is not aws-s3-logs)
         context = doc.get("context") or {}
-        if context.get("root") != root and root not in str(doc.get("what") or ""):
+        if (context.get("root") != root and root not in str(doc.get("what") or "").split()
+                and not any(isinstance(e, dict) and e.get("root") == root for e in doc.get("events") or [])):
             return False
     return True
 
@@ -1710,6 +1711,18 @@ def launched_instances(ms: MetaState) -> Dict[str, Dict[str, Any]]:
     return out
 
 
+def _event_text(event: Mapping[str, Any]) -> str:
+    """An audit event's line: its ``detail``, then its other fields (an approval's approver,
+    requester, method, workflow and apply job), digests cut to 12 characters."""
+    bits = [str(event["detail"])] if event.get("detail") else []
+    for key, value in sorted(event.items()):
+        if key in ("kind", "root", "detail") or value in (None, "", [], {}):
+            continue
+        text = str(value)
+        bits.append("%s %s" % (key, text[:12] if key.endswith("digest") else text))
+    return ", ".join(bits)
+
+
 def history_report(config_root: str, instance: Optional[str] = None, storage: Optional[str] = None,
                    root: Optional[str] = None, since: int = 0, revision: Optional[int] = None,
                    details: bool = False) -> Dict[str, Any]:
@@ -1732,7 +1745,7 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
             by += " (AWX job %s)" % who_["awx_job_id"]
         for event in doc.get("events") or []:
             fields = (doc.get("revision"), doc.get("time"), by, event.get("kind", "event"), event.get("root", ""),
-                      doc.get("what", ""), event.get("detail", ""))
+                      doc.get("what", ""), _event_text(event))
             lines.append("r%s %s %s: %s %s [%s] -- %s" % fields)
         context = doc.get("context") or {}
         # the plan this transaction records the apply of (csis_record's context), when it says
