@@ -59,3 +59,22 @@ def test_an_overlay_that_is_a_directory_is_named_as_such(tree, tmp_path):
     ov = tmp_path / "ov.yml"
     ov.write_text("config: {apply_storage: true}\n", encoding="utf-8")
     assert problems_of(tree, [str(ov)]) == set()
+
+
+def test_a_yaml_file_in_cfg_that_csis_reads_not_is_refused_never_ignored(tree):
+    """The reference's cfg/os-builders.yml (its capability gate), a misnamed .yaml, a stray file:
+    each would be silently ignored, so each is one problem naming it; other names are not read."""
+    cfg = os.path.join(tree, "cfg")
+    for name, text in (("os-builders.yml", "os_builders: []\n"), ("executables.yaml", "executables: []\n"),
+                       ("notes.yml", "x: 1\n"), ("runtime-builders.yml.bak", "junk"), ("README.md", "# cfg\n")):
+        with open(os.path.join(cfg, name), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    found = problems_of(tree)
+    assert {f for f, _m in found} == {"cfg/os-builders.yml", "cfg/executables.yaml", "cfg/notes.yml"}, found
+    msg = dict(found)
+    assert msg["cfg/os-builders.yml"].startswith("declares the reference's OS builders (base images and their "
+                                                 "storage_types), which csis.infra has no equivalent of")
+    assert msg["cfg/executables.yaml"] == ("csis.infra reads cfg/executables.yml (ending in .yml), not .yaml, so this "
+                                           "file would be ignored: rename it")
+    assert msg["cfg/notes.yml"].startswith("is not a csis.infra configuration file: csis.infra reads no such file "
+                                           "(cfg/ holds _config.yml, executables.yml, ")

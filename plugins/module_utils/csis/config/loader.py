@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import fnmatch
 import glob
 import os
 import re
@@ -610,6 +611,41 @@ def _files(root: str, pattern: str) -> List[str]:
     return sorted(glob.glob(os.path.join(root, pattern)))
 
 
+#: the reference's configuration files that csis.infra has no part for (docs/differences.md)
+REFERENCE_ONLY_CFG = {
+    "cfg/os-builders.yml": "the reference's OS builders (base images and their storage_types)",
+    "cfg/image-builders.yml": "the reference's image builders (packer bakes)",
+    "cfg/mod-builders.yml": "the reference's module builders",
+}
+
+
+def stray_cfg_files(root: str) -> List[Problem]:
+    """A ``*.yml``/``*.yaml`` file in ``cfg/`` that csis.infra does not read: refused, never
+    ignored (a setting that would silently do nothing, such as the reference's os-builders
+    capability gate). Other names (``*.bak``, ``README.md``) are not configuration."""
+    known = {os.path.relpath(p, root) for pattern, *_rest in _CFG_FILES if pattern.startswith("cfg/")
+             for p in _files(root, pattern)} | {CONFIG_REL}
+    out = []
+    for path in _files(root, "cfg/*.y*ml"):
+        rel = os.path.relpath(path, root)
+        if rel in known or not rel.endswith((".yml", ".yaml")):
+            continue
+        as_yml = rel[:-len(".yaml")] + ".yml" if rel.endswith(".yaml") else rel
+        if as_yml != rel and (as_yml == CONFIG_REL or any(fnmatch.fnmatch(as_yml, pattern) for pattern, *_r in _CFG_FILES)):
+            out.append(Problem(rel, "", "csis.infra reads %s (ending in .yml), not .yaml, so this file would be ignored: "
+                               "rename it" % as_yml))
+            continue
+        what = REFERENCE_ONLY_CFG.get(as_yml)
+        out.append(Problem(rel, "", "%s: csis.infra reads no such file (cfg/ holds %s), so what it says would be "
+                           "ignored; remove it, or move it out of cfg/%s"
+                           % ("declares %s, which csis.infra has no equivalent of (docs/differences.md)" % what if what
+                              else "is not a csis.infra configuration file",
+                              ", ".join(sorted({pattern[len("cfg/"):] for pattern, *_r in _CFG_FILES
+                                                if pattern.startswith("cfg/")} | {"_config.yml"})),
+                              "" if what else " (overlays are passed per run: overlays/)")))
+    return out
+
+
 def load_tree(root: str, overlays: Iterable[str] = (), undeclare: Iterable[str] = ()) -> Tree:
     """Load and type-check the tree at ``root``. Raises :class:`ConfigError` with every problem."""
     tree, problems = load_tree_partial(root, overlays, undeclare)
@@ -740,6 +776,7 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
                     continue
                 patch_targets[key].setdefault(m.normalize_builder_name(entry["name"]), []).append((_shown, j, entry))
 
+    problems += stray_cfg_files(root)
     declared_names: Dict[str, List[str]] = {"runtime_builders": [], "state_backends": []}
     for pattern, top, model, attr, kind, required in _CFG_FILES:
         paths = _files(root, pattern)
