@@ -122,6 +122,7 @@ def test_the_group_builders_token_reaches_the_user_data_and_no_file(moto_endpoin
     ud = moto_endpoint.client("ec2").describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
     script = base64.b64decode(ud).decode("utf-8")
     assert "printf '%%s' '%s' | base64 -d > /var/lib/sftd/enrollment.token" % base64.b64encode(token.encode()).decode() in script
+    _run_the_enrollment_lines(script, token, str(tmp_path))
     # never in clear in what csis.infra or terraform printed, nor in any generated file
     for proc in outputs:
         assert token not in proc.stdout + proc.stderr
@@ -138,3 +139,36 @@ def test_the_group_builders_token_reaches_the_user_data_and_no_file(moto_endpoin
                 assert token.encode() not in fh.read()
     # tear the machine down (the session's endpoint is shared)
     _tf(env, inst_dir, "destroy", "-auto-approve", "-input=false", "-no-color")
+
+
+def _run_the_enrollment_lines(script, token, tmp):
+    """The machine's sftd enrollment, as the manual does it: the script's enrollment lines (as the
+    instance received them) run in bash with the machine's directories moved under ``tmp`` and
+    ``hostname``/``systemctl`` stand-ins on PATH. sftd advertises the private address (the first
+    of ``hostname -I``; an AccessAddress already there is replaced), the token is written for its
+    owner only, and sftd is restarted."""
+    lines = script.splitlines()
+    start = lines.index("# sftd enrollment: advertise the private address, write the token, restart sftd")
+    block = lines[start:lines.index("", start)]
+    etc, var, bin_ = (os.path.join(tmp, d) for d in ("etc-sft", "var-lib-sftd", "bin"))
+    os.makedirs(etc)
+    os.makedirs(bin_)
+    with open(os.path.join(etc, "sftd.yaml"), "w", encoding="utf-8") as fh:
+        fh.write("AccessAddress: 203.0.113.9\nCanonicalName: tok\n")
+    for name, body in (("hostname", 'echo "10.42.1.7 172.17.0.1 "'),
+                       ("systemctl", 'echo "$*" >> %s' % os.path.join(tmp, "systemctl.log"))):
+        with open(os.path.join(bin_, name), "w", encoding="utf-8") as fh:
+            fh.write("#!/bin/sh\n%s\n" % body)
+        os.chmod(os.path.join(bin_, name), 0o755)
+    text_ = "\n".join(block).replace("/etc/sft", etc).replace("/var/lib/sftd", var)
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + text_], capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PATH=bin_ + os.pathsep + os.environ["PATH"]), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(os.path.join(etc, "sftd.yaml"), encoding="utf-8") as fh:
+        assert fh.read() == "CanonicalName: tok\nAccessAddress: 10.42.1.7\n"
+    path = os.path.join(var, "enrollment.token")
+    with open(path, encoding="utf-8") as fh:
+        assert fh.read() == token
+    assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(var).st_mode & 0o777 == 0o700
+    with open(os.path.join(tmp, "systemctl.log"), encoding="utf-8") as fh:
+        assert fh.read() == "restart sftd\n"

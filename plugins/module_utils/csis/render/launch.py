@@ -185,9 +185,23 @@ def user_data_template(params: Mapping[str, Any]) -> str:
     L += [
         "",
         '%{ if enrollment_token_b64 != "" }',
+        # the manual's sftd enrollment: the machine is reached at its private address (a public
+        # one sftd might pick up is never advertised: the reference's finding 26), the token,
+        # then sftd restarted to enroll with it
+        "# sftd enrollment: advertise the private address, write the token, restart sftd",
+        "SFT_ADDR=\"$(hostname -I 2>/dev/null | awk '{print $1}')\" || SFT_ADDR=''",
+        'if [ -n "$SFT_ADDR" ]; then',
+        "  install -d -m 0755 /etc/sft",
+        "  touch /etc/sft/sftd.yaml",
+        "  sed -i '/^AccessAddress:/d' /etc/sft/sftd.yaml",
+        '  echo "AccessAddress: $SFT_ADDR" >> /etc/sft/sftd.yaml',
+        "fi",
         "install -d -m 0700 /var/lib/sftd",
-        "umask 077",
-        "printf '%s' '${enrollment_token_b64}' | base64 -d > /var/lib/sftd/enrollment.token",
+        "(umask 077 && printf '%s' '${enrollment_token_b64}' | base64 -d > /var/lib/sftd/enrollment.token)",
+        "if command -v systemctl >/dev/null 2>&1; then",
+        '  systemctl restart sftd || echo "csis-launch: sftd did not restart (is it installed?); it enrolls with '
+        'the token when it starts" >&2',
+        "fi",
         "%{ endif }",
     ]
     if params.get("userdata"):
