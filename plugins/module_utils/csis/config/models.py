@@ -20,6 +20,7 @@ try:
     # ValidationError: for loader.py, which shares this guard
     from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,  # pylint: disable=unused-import
                           field_validator, model_validator)
+    from pydantic_core import InitErrorDetails
     HAS_PYDANTIC = True
     PYDANTIC_IMPORT_ERROR: Optional[str] = None
 except ImportError:  # the classes below still define (inertly); module.require_libraries reports it
@@ -33,6 +34,7 @@ except ImportError:  # the classes below still define (inertly); module.require_
         pass
 
     ConfigDict = dict  # type: ignore[assignment,misc]
+    InitErrorDetails = dict  # type: ignore[assignment,misc]
 
     def Field(*args: Any, **kwargs: Any) -> Any:  # type: ignore[no-redef]  # noqa: N802 - pydantic's name
         return None
@@ -732,12 +734,22 @@ class EbsVariables(Strict):
     encrypted: Optional[bool] = None
     tags: CheckedTags = Field(default_factory=dict)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _size(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "size" in data:
-            raise keyed_error("size", "'size' is a builder field of tf-aws-ebs, not a variable: move it out of 'variables:'")
-        return data
+    def _size(cls, data: Any, handler: Any) -> Any:
+        """``size`` under ``variables:`` is refused, together with every other problem of the
+        mapping (a misspelt ``volume-type`` beside it is named too: every error at once)."""
+        if not (isinstance(data, dict) and "size" in data):
+            return handler(data)
+        misplaced = InitErrorDetails(type="value_error", loc=(), input=data, ctx={"error": keyed_error(
+            "size", "'size' is a builder field of tf-aws-ebs, not a variable: move it out of 'variables:'")})
+        others: List[Any] = []
+        try:
+            handler({k: v for k, v in data.items() if k != "size"})
+        except ValidationError as exc:
+            others = [InitErrorDetails(type=e["type"], loc=e["loc"], input=e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {}))
+                      for e in exc.errors()]
+        raise ValidationError.from_exception_data(cls.__name__, [misplaced] + others)
 
 
 class EfsVariables(Strict):
