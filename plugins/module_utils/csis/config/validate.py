@@ -300,6 +300,8 @@ class Validation:
         t = self.t
         for inst in t.instances.values():
             img = t.image_of(inst)
+            if img is None and not t.dangling("image", inst.image):
+                continue  # its image failed to load (named by its own problem): its group is unknown, not missing
             group = img.group if img else None
             for mp in inst.storages:
                 st = t.storages.get(mp.name)
