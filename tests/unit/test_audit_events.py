@@ -127,3 +127,18 @@ def test_history_names_an_approvals_people_and_a_root_by_its_whole_name(tmp_path
                          "workflow 40"), line
     assert store.history_report(root, root="storage-aws-e")["lines"] == []  # no root of that name
     assert len(store.history_report(root, root="storage-aws-efs")["lines"]) == 1
+
+
+def test_the_history_of_a_storage_shows_the_state_querys_hard_lines_about_it(tmp_path):
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift
+
+    root = str(tmp_path)
+    line = {"kind": "storage", "name": "mnt_data", "drift": "missing", "hard": True, "detail": "gone (volume vol-1)"}
+    report = {"run": "q1", "drift": [line], "reality": {"storages": {}, "instances": {}}}
+    drift.record_hard(root, report)
+    drift.record_hard(root, dict(report, run="q2", drift=[]))
+    drift.record_hard(root, dict(report, run="q3", drift=[dict(line, kind="instance", name="web")]))
+    found = [d["what"] for d in store.audit_trail(store.MetaState(root), storage="mnt_data")]
+    assert found == ["csis_state_query q1", "csis_state_query q2"]  # flagged, then cleared
+    assert [d["what"] for d in store.audit_trail(store.MetaState(root), instance="web")] == ["csis_state_query q3"]
+    assert store.audit_trail(store.MetaState(root), storage="other") == []

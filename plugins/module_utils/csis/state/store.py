@@ -1389,8 +1389,10 @@ class Transaction:
         if (current is not None and data == old) or (current is None and data == empty(name)):
             return
         ops.append(("put", name, dumps(data).encode("utf-8"), version or ABSENT, name))
-        self.changes.append({"file": name, "action": "changed" if current is not None else "created",
-                             "diff": short_diff(old, data)})
+        change = {"file": name, "action": "changed" if current is not None else "created", "diff": short_diff(old, data)}
+        if name == "drift.yaml":  # small: kept whole, so the history of a storage or instance finds its lines
+            change.update(before=old if current is not None else None, after=data)
+        self.changes.append(change)
         _changed_names(name, old, data, keys)
 
     def _plan_keyed(self, name: str, data: Dict[str, Any], ops: List[Any], after: List[Any], keys: set) -> bool:
@@ -1622,6 +1624,11 @@ _STORAGE_FILES = ("storage-state.yaml", "storage.yaml")
 
 
 def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str) -> bool:
+    if change.get("file") == "drift.yaml":  # the state query's HARD lines: one about ``name`` came or went
+        kind = "storage" if files == _STORAGE_FILES else "instance"
+        return any(isinstance(line, dict) and line.get("kind") == kind and line.get("name") == name
+                   for side in (change.get("before"), change.get("after")) if isinstance(side, dict)
+                   for line in side.get("hard") or [])
     if change.get("file") not in files:
         return False
     if change.get("key") == name:
