@@ -14,10 +14,10 @@ description:
     first) and fails with every finding, one line each.
   - B(HARD drift.) Fails while the last state query found a HARD line, with one C(state) line per HARD line, ending
     in C((from state-report.json; re-run 'state query' after fixing)). The query keeps its HARD lines in meta-state
-    (C(drift.yaml)), which every checkout reads (an AWX job's fresh one too); in a checkout that did not run that
-    query the lines end in C((from meta-state drift.yaml, state query <run>; ...)). A store without that record falls
-    back to this checkout's C(generated/state-report.json). Neither lets the run start; a report that cannot be read
-    refuses it.
+    (C(drift.yaml)), which every checkout reads (an AWX job's fresh one too); a line only that record holds (the query
+    ran in another checkout) ends in C((from meta-state drift.yaml, state query <run>; ...)). Both the record and this
+    checkout's own C(generated/state-report.json) count, so a query whose record could not be written still stops its
+    own checkout. Neither holding a HARD line lets the run start; a report or record that cannot be read refuses it.
   - B(Meta-state can be read.) Every meta-state file loads through the store, so its checks run (whole files, the
     known shapes, the files agreeing with each other).
   - B(Meta-state can be written.) With I(write), proves that the run could record what it applies. A probe file
@@ -67,8 +67,8 @@ hard_drift:
   elements: dict
 report:
   description: >-
-    Where they were read: meta-state's C(drift.yaml) (C(meta-state/drift.yaml), C(s3://...)) or the state report's path
-    (null when neither exists yet).
+    Where they were read: meta-state's C(drift.yaml) (C(meta-state/drift.yaml), C(s3://...)), the state report's path,
+    or both joined by C( and ) (null when neither exists yet).
   returned: always
   type: str
 meta_state:
