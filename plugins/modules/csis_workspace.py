@@ -18,7 +18,8 @@ description:
   - O(state=committed) (after the gate) commits the root's own files (the rendered files and
     C(.terraform.lock.hcl), no run output) under C(<lifecycle>/<builder>/) on branch C(update_<root>), or
     C(delete_<root>) when the plan destroys anything (O(destroys)), with O(summary) as the commit's subject and
-    the rendered digest, O(plan_digest) and O(run_id) in its body, and pushes the branch. A new branch starts
+    the rendered digest, O(plan_digest), O(run_id) and who requested the plan (the AWX user and job the run passed,
+    else the OS user) in its body, and pushes the branch. A new branch starts
     from the main branch. The same files and summary make no new commit.
   - O(state=merged) (before the approval) refuses, with one line naming the root, the branch to merge and the
     repository, a root whose rendered digest differs from that of C(<lifecycle>/<builder>/) on the workspace's

@@ -131,8 +131,10 @@ def test_the_setting_is_strict():
 
 
 # ------------------------------------------------------------------ commit
-def test_the_root_is_committed_on_its_branch_with_the_summary_and_pushed(env):
+def test_the_root_is_committed_on_its_branch_with_the_summary_and_pushed(env, monkeypatch):
     e = env
+    monkeypatch.setenv("CSIS_AWX_USER_NAME", "alice")  # as the lifecycle playbook passes AWX's user and job
+    monkeypatch.setenv("CSIS_AWX_JOB_ID", "41")
     assert ws.setting(e["tree"]).require_merge is True
     res = commit(e)
     assert res["committed"] and res["pushed"] and res["branch"] == "update_storage-aws-ebs"
@@ -142,6 +144,7 @@ def test_the_root_is_committed_on_its_branch_with_the_summary_and_pushed(env):
     assert git("log", "-1", "--format=%s", head, cwd=e["bare"]) == ADD
     body = git("log", "-1", "--format=%b", head, cwd=e["bare"])
     assert "Plan digest: " + "d" * 64 in body and "Run: run-1" in body and "Root: " + ROOT in body
+    assert "Requested by: alice (AWX job 41)" in body  # the author is the machine's git identity: the body names who
     # the files: the rendered ones and the lock file, no run output; main's README kept (the branch starts at main)
     files = git("ls-tree", "-r", "--name-only", head, cwd=e["bare"]).splitlines()
     assert files == ["README.md", "storage/aws-ebs/.terraform.lock.hcl", "storage/aws-ebs/backend.tfbackend.hcl",

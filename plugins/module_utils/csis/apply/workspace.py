@@ -179,8 +179,19 @@ def _author_config(clone: str) -> List[str]:
     return out
 
 
-def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str = "", digest: str = "") -> str:
-    """The gate's summary as the subject; the root, the rendered digest, the plan digest and the run id in the body."""
+def requester(environ: Optional[Mapping[str, str]] = None) -> str:
+    """Who asked for the plan, as the commit names it: the AWX user the run passed (and its job),
+    else the OS user (the meta-state audit trail's ``who``)."""
+    from ..state.backends import who
+    w = who(environ)
+    return (w.get("awx_user_name") or w["user"]) + (" (AWX job %s)" % w["awx_job_id"] if w.get("awx_job_id") else "")
+
+
+def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str = "", digest: str = "",
+                   requested_by: str = "") -> str:
+    """The gate's summary as the subject; the root, the rendered digest, the plan digest, the run id
+    and who requested the plan in the body (the reviewer sees whose change it is; the author is
+    the machine's git identity)."""
     subject = " ".join((summary or "").split()) or "%s: rendered root" % root
     body = ["Root: %s" % root]
     if digest:
@@ -189,6 +200,8 @@ def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str =
         body.append("Plan digest: %s" % plan_digest)
     if run_id:
         body.append("Run: %s" % run_id)
+    if requested_by:
+        body.append("Requested by: %s" % requested_by)
     return "%s\n\n%s\n" % (subject, "\n".join(body))
 
 
@@ -228,7 +241,7 @@ def commit_root(config_root: str, repo: str, *, root: str, lifecycle: str, build
         return out
     parents = ["-p", base] if base else []
     commit = _out(_author_config(clone) + ["commit-tree", tree] + parents + ["-F", "-"], clone,
-                  data=commit_message(summary, root, plan_digest, run_id, digest).encode("utf-8"))
+                  data=commit_message(summary, root, plan_digest, run_id, digest, requester()).encode("utf-8"))
     _git(["push", "-q", "--", url, "%s:refs/heads/%s" % (commit, branch)], clone)
     _git(["update-ref", _REMOTE_REFS + branch, commit], clone)
     out.update(commit=commit, pushed=True, message="%s: committed %s to branch %s of %s (%s) and pushed it"
