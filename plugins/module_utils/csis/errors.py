@@ -33,9 +33,16 @@ class Problem:
 
     def __str__(self) -> str:
         if not self.file:
-            return self.message
+            return printable(self.message)
         where = self.file + (": " + self.key if self.key else "")
-        return "%s: %s" % (where, self.message)
+        return printable("%s: %s" % (where, self.message))
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: control and other unprintable characters (a newline in a file name,
+    an escape sequence in a key) as Python escapes (``\\n``, ``\\x1b``), so a problem is one line
+    that cannot forge another or drive the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class ConfigError(CsisError):
