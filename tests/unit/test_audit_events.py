@@ -142,3 +142,26 @@ def test_the_history_of_a_storage_shows_the_state_querys_hard_lines_about_it(tmp
     assert found == ["csis_state_query q1", "csis_state_query q2"]  # flagged, then cleared
     assert [d["what"] for d in store.audit_trail(store.MetaState(root), instance="web")] == ["csis_state_query q3"]
     assert store.audit_trail(store.MetaState(root), storage="other") == []
+
+
+def test_every_history_line_and_refusal_is_one_line_whatever_a_run_id_or_user_holds(tmp_path, monkeypatch):
+    """A run id (csis_run_id) or an AWX user name holding a newline or a terminal escape cannot
+    split a history line, a refusal line or a workspace commit's body into forged lines."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import workspace
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift, preflight
+
+    root = str(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "_config.yml").write_text("config: {}\n", encoding="utf-8")
+    monkeypatch.setenv("CSIS_AWX_USER_NAME", "mallory\nr99 forged")
+    line = {"kind": "storage", "name": "x", "drift": "missing", "hard": True, "detail": "gone\x1b[2J"}
+    drift.record_hard(root, {"run": "Q1\nstate: forged; re-run", "drift": [line], "reality": {}})
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.preflight(root, write=False)
+    assert str(err.value) == ("state: missing storage x: gone\\x1b[2J (from meta-state drift.yaml, state query "
+                              "Q1\\nstate: forged; re-run; re-run 'state query' after fixing)")
+    lines = store.history_report(root)["lines"]
+    assert len(lines) == 1 and "\n" not in lines[0] and "mallory\\nr99 forged" in lines[0], lines
+    assert drift.console_lines({"run": "a\nb", "drift": [line]})[0] == "state report for run a\\nb"
+    body = workspace.commit_message("Plan: 1 to add", "storage-x", "d" * 64, "R1\nPlan digest: forged").split("\n")
+    assert "Run: R1\\nPlan digest: forged" in body and sum(b.startswith("Plan digest:") for b in body) == 1

@@ -194,6 +194,7 @@ def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str =
     """The gate's summary as the subject; the root, the rendered digest, the plan digest, the run id
     and who requested the plan in the body (the reviewer sees whose change it is; the author is
     the machine's git identity)."""
+    from ..errors import printable
     subject = " ".join((summary or "").split()) or "%s: rendered root" % root
     body = ["Root: %s" % root]
     if digest:
@@ -204,7 +205,8 @@ def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str =
         body.append("Run: %s" % run_id)
     if requested_by:
         body.append("Requested by: %s" % requested_by)
-    return "%s\n\n%s\n" % (subject, "\n".join(body))
+    # each value on its own line: a run id (csis_run_id) holding a newline cannot forge another line
+    return "%s\n\n%s\n" % (printable(subject), "\n".join(printable(line) for line in body))
 
 
 # ----------------------------------------------------------------------------- the two states

@@ -26,7 +26,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..errors import CsisError
+from ..errors import CsisError, printable
 from ..fsutil import read_json, write_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -243,13 +243,13 @@ def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "")
 
 # --------------------------------------------------------------------------- rendering
 def drift_text(d: Mapping[str, Any]) -> str:
-    return "%-8s %-8s %s: %s%s" % (d["drift"], d["kind"], d["name"], d["detail"], " [HARD]" if d.get("hard") else "")
+    return printable("%-8s %-8s %s: %s%s" % (d["drift"], d["kind"], d["name"], d["detail"], " [HARD]" if d.get("hard") else ""))
 
 
 def console_lines(report: Mapping[str, Any]) -> List[str]:
-    lines = ["state report for run %s" % report.get("run")]
-    lines += ["  unavailable: %s" % u for u in report.get("unavailable") or []]
-    lines += ["  note: %s" % n for n in report.get("notes") or []]
+    lines = [printable("state report for run %s" % report.get("run"))]
+    lines += [printable("  unavailable: %s" % u) for u in report.get("unavailable") or []]
+    lines += [printable("  note: %s" % n) for n in report.get("notes") or []]
     drift = report.get("drift") or []
     if drift:
         lines += ["  " + drift_text(d) for d in drift]
@@ -263,8 +263,9 @@ def console_lines(report: Mapping[str, Any]) -> List[str]:
 def hard_lines(report: Mapping[str, Any], source: str = REPORT_NAME) -> List[str]:
     """The refusal lines of a report's HARD drift (what makes a lifecycle run refuse to start);
     ``source`` names where they were read (the report, or meta-state's :data:`DRIFT_FILE`)."""
-    return ["state: %s %s %s: %s (from %s; re-run 'state query' after fixing)"
-            % (d["drift"], d["kind"], d["name"], d["detail"], source)
+    # one line each, whatever a run id or a hand-edited record holds (a newline, a terminal escape)
+    return [printable("state: %s %s %s: %s (from %s; re-run 'state query' after fixing)"
+                      % (d["drift"], d["kind"], d["name"], d["detail"], source))
             for d in report.get("drift") or [] if d.get("hard")]
 
 

@@ -68,6 +68,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from ..config.names import NAME_RE
+from ..errors import printable
 from ..fsutil import write_atomic
 from ..yamlio import VALUE_ERRORS, meta_dumper, meta_loader, shape_problem, yaml
 from .backends import (ABSENT, LOCK_NAME, META_STATE_DIR, Conflict, FileLock, LocalObjects, MetaStateError, NotWritable,
@@ -1753,7 +1754,7 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
         for event in doc.get("events") or []:
             fields = (doc.get("revision"), doc.get("time"), by, event.get("kind", "event"), event.get("root", ""),
                       doc.get("what", ""), _event_text(event))
-            lines.append("r%s %s %s: %s %s [%s] -- %s" % fields)
+            lines.append(printable("r%s %s %s: %s %s [%s] -- %s" % fields))
         context = doc.get("context") or {}
         # the plan this transaction records the apply of (csis_record's context), when it says
         plan = (" (plan %s)" % str(context["plan_digest"])[:12]) if context.get("plan_digest") else ""
@@ -1761,8 +1762,9 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
             head = "r%s %s %s: %s %s%s" % (doc.get("revision"), doc.get("time"), by, change.get("action", "-"),
                                            change.get("file", ""), "/" + change["key"] if change.get("key") else "")
             diff = "; ".join(change.get("diff") or [])
-            lines.append(head + (" [%s%s]" % (doc.get("what"), plan) if doc.get("what") else plan)
-                         + (" -- " + diff if diff else ""))
+            # one line each, whatever an AWX user name or a run id holds (a newline, a terminal escape)
+            lines.append(printable(head + (" [%s%s]" % (doc.get("what"), plan) if doc.get("what") else plan)
+                                   + (" -- " + diff if diff else "")))
     out: Dict[str, Any] = {"where": ms.where, "revision": ms.revision(), "trail": trail, "lines": lines, "as_of": None}
     if revision is not None and not 0 <= revision <= out["revision"]:
         raise MetaStateError("revision %d: %s holds revisions 0 to %d (the last committed one)"
