@@ -36,7 +36,10 @@ options:
     type: str
     required: true
   requested_by:
-    description: Who asked (recorded).
+    description:
+      - Who asked (recorded with the marker and in the upgrade log).
+      - Default the AWX user the run passed (C(awx_user_name), through C(CSIS_AWX_USER_NAME)), else the OS user, as the
+        meta-state audit trail names them.
     type: str
 attributes:
   check_mode:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import call_run
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (
     Conflict, MetaState, MetaStateError, audit_trail, launched_instances, record_at)
@@ -186,10 +187,24 @@ def test_a_killed_holders_lock_expires_and_is_broken(checkouts, aws_env):
     proc.wait(timeout=10)
     ms = MetaState(str(b), lock_timeout=30)
     started = time.monotonic()
-    with ms.transaction("after the kill") as txn:
-        txn.save_record(LP, "next", {"launched": True})
+
+    def run(_module, _params):  # a writer module's run (csis_record, csis_forget, ...): it returns no notices
+        with ms.transaction("after the kill") as txn:
+            txn.save_record(LP, "next", {"launched": True})
+        return {"changed": True}
+
+    class Module:  # the controller's stand-in for AnsibleModule (plugins/plugin_utils/controller.py)
+        params: dict = {}
+        warnings: list = []
+
+        def warn(self, text):
+            self.warnings.append(text)
+
+    task = Module()
+    assert call_run(run, task) == {"changed": True}
     assert time.monotonic() - started < 20
     assert len(ms.notices) == 1 and "broke the expired lock of pid %d" % proc.pid in ms.notices[0]
+    assert task.warnings == ms.notices  # the task shows it, once, whatever writer broke the lock
     assert sorted(ms.load(LP)["instances"]) == ["next"]  # the killed holder committed nothing
 
 

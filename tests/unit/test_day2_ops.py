@@ -224,3 +224,21 @@ def test_archived_to_destroyed_is_recorded_only_after_the_snapshot_deletion(tmp_
     assert got["mnt_data"] == ["archived", "destroyed"]
     rec = ms.load("storage-state.yaml")["storages"]["mnt_data"]
     assert rec["state"] == "destroyed" and rec["history"][-1]["action"] == "delete_archive_snapshot"
+
+
+def test_an_upgrade_asked_without_a_name_names_the_awx_user_or_the_os_user(tmp_path, monkeypatch):
+    """upgrade_instance.yml passes no requester: the marker names who the audit trail names (the
+    AWX user the run passed, else the OS user), never 'unknown' where $USER is unset (AWX's
+    execution environments, sudo)."""
+    import getpass
+
+    root = str(tmp_path)
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": {"launched": True, "ephemeral": False}}})
+    write_meta(root, "pins.yaml", {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []})
+    monkeypatch.delenv("USER", raising=False)
+    for name in ("CSIS_AWX_USER_NAME", "AWX_USER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert record.mark_upgrade(root, "test2", "r1")["pending"]["requested_by"] == getpass.getuser()
+    monkeypatch.setenv("CSIS_AWX_USER_NAME", "carol")
+    record.cancel_upgrade(root, "test2", "r2")
+    assert MetaState(root).load("pins.yaml")["upgrades"][-1]["requested_by"] == "carol"

@@ -29,7 +29,8 @@ def test_entries_of_one_run_are_merged_and_counted(tmp_path):
     with open(rs.path_of(root), encoding="utf-8") as fh:
         assert json.load(fh) == data
     lines = rs.summary_lines(rs.read(root))
-    assert lines[0].startswith("run run1 (started 2026-11-30T10:00:01Z): 2 root(s), 1 applied, 1 failed, 1 refused")
+    assert lines[0].startswith("this checkout's last real run run1 (started 2026-11-30T10:00:01Z): 2 root(s), 1 applied, "
+                               "1 failed, 1 refused")
     assert any(line.startswith("storage-s3: failed; at 'Gate the plan'") and "gate refused" in line for line in lines)
 
 
@@ -64,7 +65,7 @@ def test_parallel_roots_lose_no_entry(tmp_path):
 def test_no_summary_and_a_damaged_one(tmp_path):
     root = str(tmp_path)
     assert rs.read(root) is None
-    assert rs.summary_lines(None) == ["no real run has written generated/run-summary.json yet"]
+    assert rs.summary_lines(None) == ["no real run of this checkout has written generated/run-summary.json yet"]
     os.makedirs(os.path.join(root, "generated"))
     with open(rs.path_of(root), "w", encoding="utf-8") as fh:
         fh.write('{"version": 1, "roots": ')

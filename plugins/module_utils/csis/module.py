@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, NoReturn, Optional, Tuple, Union
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.common.warnings import get_warning_messages
 
 from .aws import BOTO3_IMPORT_ERROR, HAS_BOTO3
 from .config.secrets import Reveal, revealer
 from .errors import CsisError, MissingDependency
+from .notices import drain
 from .yamlio import HAS_YAML, YAML_IMPORT_ERROR
 
 #: the configuration root (the directory holding ``cfg/_config.yml``)
@@ -164,10 +166,25 @@ def call_run(run: Callable[[Any, Dict[str, Any]], Mapping[str, Any]], module: An
     the module through :func:`fail_from` with the keyword arguments ``failure`` (or those
     ``failure(module)`` returns). ``module`` is an :class:`AnsibleModule`, or the controller's
     stand-in for one (plugins/plugin_utils/controller.py), whose ``fail_json`` raises."""
+    drain()  # what an earlier task of this process left is not this task's
     try:
-        return dict(run(module, module.params))
+        out = dict(run(module, module.params))
     except CsisError as exc:
+        _show_notices(module)
         fail_from(module, exc, **dict((failure(module) if callable(failure) else failure) or {}))
+    _show_notices(module)
+    return out
+
+
+def _show_notices(module: Any) -> None:
+    """The library's notices of this run (an expired lock broken) as the task's warnings, each
+    once (a module that warned one itself is not told it twice)."""
+    shown = getattr(module, "warnings", None)
+    if shown is None:  # AnsibleModule: the process-wide list its warn() fills
+        shown = get_warning_messages()
+    for text in drain():
+        if text not in shown:
+            module.warn(text)
 
 
 def run_module(run: Callable[[AnsibleModule, Dict[str, Any]], Mapping[str, Any]], argument_spec: Mapping[str, Any],

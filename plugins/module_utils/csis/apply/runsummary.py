@@ -130,11 +130,12 @@ def totals(roots: Mapping[str, Mapping[str, Any]]) -> Dict[str, int]:
 
 
 def summary_lines(data: Optional[Mapping[str, Any]]) -> List[str]:
-    """One line per root, for ``playbooks/summary.yml``."""
+    """One line per root, for ``playbooks/summary.yml``. The file is this checkout's: with a
+    shared (S3) meta-state another checkout's later runs are in ``playbooks/history.yml``."""
     if not data:
-        return ["no real run has written generated/run-summary.json yet"]
+        return ["no real run of this checkout has written generated/run-summary.json yet"]
     t = data.get("totals") or {}
-    lines = ["run %s (started %s): %s root(s), %s applied, %s failed, %s refused by the gate%s"
+    lines = ["this checkout's last real run %s (started %s): %s root(s), %s applied, %s failed, %s refused by the gate%s"
              % (data.get("run_id"), data.get("started"), t.get("roots", 0), t.get("applied", 0), t.get("failed", 0),
                 t.get("refused", 0), ", %s stopped as another failed" % t["stopped"] if t.get("stopped") else "")]
     for key in sorted(data.get("roots") or {}):

@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .. import aws
 from ..errors import CsisError
+from ..notices import notice
 from ..fsutil import user_cache, write_atomic
 from ..yamlio import VALUE_ERRORS, meta_loader, yaml
 
@@ -103,6 +104,12 @@ def who(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
                 out[key] = env[name].strip()
                 break
     return out
+
+
+def requester(environ: Optional[Mapping[str, str]] = None) -> str:
+    """Who asks, by name: the AWX user the run passed, else the OS user (as :func:`who` finds them)."""
+    w = who(environ)
+    return str(w.get("awx_user_name") or w["user"])
 
 
 def default_what() -> str:
@@ -488,9 +495,10 @@ class S3Lock:
             if time.time() >= expires:
                 try:
                     self.objects.delete(self.name, etag)
-                    self.objects.notices.append(
-                        "%s: broke the expired lock of %s (it expired at %s and was not renewed: its holder "
-                        "is gone)" % (label, holder_text(info), info.get("expires", "?")))
+                    text = ("%s: broke the expired lock of %s (it expired at %s and was not renewed: its holder "
+                            "is gone)" % (label, holder_text(info), info.get("expires", "?")))
+                    self.objects.notices.append(text)
+                    notice(text)  # shown by the task whatever writer took the lock (module.call_run)
                 except Conflict:
                     pass  # someone else broke or renewed it
                 continue

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from ..clock import now
 from ..errors import CsisError
 from .. import tfstate
+from .backends import requester
 from .store import MetaState, MetaStateError
 
 HISTORY_MAX = 50
@@ -466,7 +467,7 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
         pins = txn.load_rest("pins.yaml")
         pending = pins["pending_replacements"]
         entry = {"to": to, "from": txn.load_record("pins.yaml", instance), "run": run, "at": now(),
-                 "requested_by": requested_by}
+                 "requested_by": requested_by or requester()}
         old = pending.get(instance)
         if isinstance(old, dict) and {k: old.get(k) for k in ("to", "from")} == {k: entry[k] for k in ("to", "from")}:
             return {"changed": False, "pending": old, "written": []}
@@ -489,7 +490,7 @@ def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Opti
             return {"changed": False, "pending": None, "written": []}
         pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": old.get("from"),
                                                 "to": old.get("to"), "op": "upgrade-cancelled", "run": run,
-                                                "requested_by": requested_by})
+                                                "requested_by": requested_by or requester()})
         del pins["upgrades"][:-200]
         txn.save_rest("pins.yaml", pins)
     return {"changed": True, "pending": old, "written": list(txn.written)}
