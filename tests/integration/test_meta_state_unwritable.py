@@ -51,7 +51,7 @@ def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint
     flat = " ".join(run.out.split())
     assert ("meta-state: the directory %s cannot be written: Operation not permitted; a real run records in "
             "meta-state what it applies, so it stops before planning anything" % meta_dir) in flat, run.tail()
-    assert "TASK [csis.infra.render : Refuse to start while the state report holds HARD drift" in run.out
+    assert "TASK [csis.infra.render : Refuse to start while the last state query found HARD drift" in run.out
     # stopped before the render: nothing rendered, planned, applied or recorded
     assert "TASK [csis.infra.render : Render the storage roots]" not in run.out
     assert "Plan to a plan file" not in run.out and "Apply exactly that plan file" not in run.out
