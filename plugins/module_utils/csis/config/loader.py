@@ -623,26 +623,24 @@ def stray_cfg_files(root: str) -> List[Problem]:
     """A ``*.yml``/``*.yaml`` file in ``cfg/`` that csis.infra does not read: refused, never
     ignored (a setting that would silently do nothing, such as the reference's os-builders
     capability gate). Other names (``*.bak``, ``README.md``) are not configuration."""
-    known = {os.path.relpath(p, root) for pattern, *_rest in _CFG_FILES if pattern.startswith("cfg/")
-             for p in _files(root, pattern)} | {CONFIG_REL}
+    read = [pattern for pattern, *_rest in _CFG_FILES if pattern.startswith("cfg/")] + [CONFIG_REL]
+    holds = ", ".join(sorted(pattern[len("cfg/"):] for pattern in read))
     out = []
     for path in _files(root, "cfg/*.y*ml"):
         rel = os.path.relpath(path, root)
-        if rel in known or not rel.endswith((".yml", ".yaml")):
+        if not rel.endswith((".yml", ".yaml")) or any(fnmatch.fnmatch(rel, pattern) for pattern in read):
             continue
         as_yml = rel[:-len(".yaml")] + ".yml" if rel.endswith(".yaml") else rel
-        if as_yml != rel and (as_yml == CONFIG_REL or any(fnmatch.fnmatch(as_yml, pattern) for pattern, *_r in _CFG_FILES)):
+        if as_yml != rel and any(fnmatch.fnmatch(as_yml, pattern) for pattern in read):
             out.append(Problem(rel, "", "csis.infra reads %s (ending in .yml), not .yaml, so this file would be ignored: "
                                "rename it" % as_yml))
             continue
         what = REFERENCE_ONLY_CFG.get(as_yml)
+        head = ("declares %s, which csis.infra has no equivalent of (docs/differences.md)" % what if what
+                else "is not a csis.infra configuration file")
         out.append(Problem(rel, "", "%s: csis.infra reads no such file (cfg/ holds %s), so what it says would be "
                            "ignored; remove it, or move it out of cfg/%s"
-                           % ("declares %s, which csis.infra has no equivalent of (docs/differences.md)" % what if what
-                              else "is not a csis.infra configuration file",
-                              ", ".join(sorted({pattern[len("cfg/"):] for pattern, *_r in _CFG_FILES
-                                                if pattern.startswith("cfg/")} | {"_config.yml"})),
-                              "" if what else " (overlays are passed per run: overlays/)")))
+                           % (head, holds, "" if what else " (overlays are passed per run: overlays/)")))
     return out
 
 
