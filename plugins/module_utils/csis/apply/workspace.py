@@ -182,11 +182,9 @@ def _author_config(clone: str) -> List[str]:
 def requester(environ: Optional[Mapping[str, str]] = None) -> str:
     """Who asked for the plan, as the commit names it: the AWX user the run passed (and its job),
     else the OS user (the meta-state audit trail's ``who``)."""
-    from ..errors import printable
     from ..state.backends import requester as name, who
     job = who(environ).get("awx_job_id")
-    # one line: a user name holding a newline cannot forge another line of the body ("Plan digest: ...")
-    return printable(name(environ) + (" (AWX job %s)" % job if job else ""))
+    return name(environ) + (" (AWX job %s)" % job if job else "")  # commit_message keeps it on one line
 
 
 def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str = "", digest: str = "",
