@@ -366,9 +366,8 @@ def last_hard(config_root: str, stored: Optional[Mapping[str, Any]], where: str 
     record = _stored(stored)
     mine = [dict(d) for d in (report or {}).get("drift") or [] if isinstance(d, dict) and d.get("hard")]
     messages = hard_lines({"drift": mine})
-    seen = {tuple(str(d.get(k)) for k in ("kind", "name", "drift", "detail")) for d in mine}
-    theirs = [dict(d, hard=True) for d in (record or {}).get("hard") or []
-              if tuple(str(d.get(k)) for k in ("kind", "name", "drift", "detail")) not in seen]
+    seen = _hard_of({"drift": mine})  # as the record keeps them: the lines both hold are named once
+    theirs = [dict(d, hard=True) for d in (record or {}).get("hard") or [] if d not in seen]
     if theirs:
         messages += hard_lines({"drift": theirs}, source="meta-state %s, state query %s"
                                % (DRIFT_FILE, (record or {}).get("run") or "unknown"))

@@ -41,20 +41,23 @@ class PreflightError(CsisError):
         super().__init__("\n".join(problems), problems)
 
 
-def hard_drift(config_root: str, ms: Optional[MetaState] = None) -> Dict[str, Any]:
+def hard_drift(config_root: str, ms: Optional[MetaState] = None,
+               stored: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``{report, hard_drift, messages}``: the HARD lines of the last state query, from
     meta-state's ``drift.yaml`` or this checkout's report (:func:`~.drift.last_hard`; ``report``
     names the one read, None: neither exists). Raises :class:`~.drift.DriftError` (the report
     cannot be read) or :class:`~.store.MetaStateError` (the record cannot)."""
     ms = ms or MetaState(config_root)
-    found = last_hard(config_root, ms.load(DRIFT_FILE), ms.objects.label(DRIFT_FILE))
+    found = last_hard(config_root, ms.load(DRIFT_FILE) if stored is None else stored, ms.objects.label(DRIFT_FILE))
     return {"report": found["source"], "hard_drift": found["hard_drift"], "messages": found["messages"]}
 
 
 def meta_state(config_root: str, write: bool = True, lock_timeout: float = 600.0,
-               what: Optional[str] = None, ms: Optional[MetaState] = None) -> Dict[str, Any]:
+               what: Optional[str] = None, ms: Optional[MetaState] = None,
+               loaded: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``{path, exists, files, writable}``: (``write``) the write probe and the lock, then every
     meta-state file read through the store (``writable`` stays None without ``write``).
+    ``loaded`` (a dict) receives every file as read, so the caller reads none twice.
     Raises :class:`~.store.MetaStateError` (:class:`~.store.NotWritable`: the write probe failed)."""
     ms = ms or MetaState(config_root, lock_timeout=lock_timeout)
     out: Dict[str, Any] = {"path": ms.where, "exists": ms.objects.exists(), "files": [], "writable": None}
@@ -66,7 +69,9 @@ def meta_state(config_root: str, write: bool = True, lock_timeout: float = 600.0
         out["writable"] = True
     ms.revision()  # the store's revision record: every commit reads it first
     for name in sorted(FILES):
-        ms.load(name)
+        data = ms.load(name)
+        if loaded is not None:
+            loaded[name] = data
         if ms.exists(name):
             out["files"].append(name)
     return out
@@ -83,8 +88,10 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
     result: Dict[str, Any] = {"hard_drift": [], "report": None,
                               "meta_state": {"path": directory, "exists": os.path.isdir(directory),
                                              "files": [], "writable": None}}
+    loaded: Dict[str, Any] = {}
     try:
-        result["meta_state"] = meta_state(config_root, write=write, lock_timeout=lock_timeout, what=what, ms=ms)
+        result["meta_state"] = meta_state(config_root, write=write, lock_timeout=lock_timeout, what=what, ms=ms,
+                                          loaded=loaded)
     except NotWritable as exc:
         problems.append(str(exc))
         result["meta_state"]["writable"] = False
@@ -92,7 +99,7 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
         problems.append(str(damaged_record(exc)))
     drift: List[str] = []  # named first, as before meta-state's own problems
     try:
-        found = hard_drift(config_root, ms)
+        found = hard_drift(config_root, ms, loaded.get(DRIFT_FILE))  # read above, unless that failed
         result["hard_drift"], result["report"] = found["hard_drift"], found["report"]
         drift += found["messages"]
     except DriftError as exc:
