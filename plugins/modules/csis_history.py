@@ -20,13 +20,15 @@ extends_documentation_fragment:
   - csis.infra.attributes.worker
 options:
   instance:
-    description: Only the revisions that changed this instance's records. At most one of I(instance) and I(storage).
+    description:
+      - Only the revisions that changed this instance's records, or a HARD line of the state query about it
+        (meta-state's C(drift.yaml)). At most one of I(instance) and I(storage).
     type: str
   storage:
-    description: Only the revisions that changed this storage's records.
+    description: Only the revisions that changed this storage's records, or a HARD line of the state query about it.
     type: str
   root:
-    description: Only the revisions whose writer or context names this terraform root.
+    description: Only the revisions whose writer, context or audit event names this terraform root (its whole name).
     type: str
   since:
     description: Only the revisions after this one.

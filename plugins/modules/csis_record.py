@@ -45,6 +45,8 @@ options:
   applied:
     description:
       - What this run applied to the root (for example its plan summary); omitted when nothing was applied.
+      - Given, the record's transaction also audits an C(applied) event (the summary and C(context.plan_digest)), so
+        the audit trail shows an apply that changed no record (a tag update, an identity root's groups).
       - When meta-state cannot take the record, the failure names it, with what terraform state holds, and says
         that a re-run records it.
     type: str
