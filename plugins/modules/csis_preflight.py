@@ -41,6 +41,15 @@ options:
       - Seconds to wait for the meta-state lock while another run holds it (the roles pass C(csis_lock_timeout)).
     type: float
     default: 600
+  refuse:
+    description:
+      - Fail the task on any finding (a real run). With C(false) (a dry run, which applies and records nothing), every
+        finding is a warning that begins C(a real run would refuse to start:) and the task succeeds, so the dry run
+        still previews the plans while telling what the next real run will stop on (a HARD line, a damaged
+        C(drift.yaml)).
+    type: bool
+    default: true
+    version_added: 0.2.0
 attributes:
   check_mode:
     support: full
@@ -57,6 +66,12 @@ EXAMPLES = r"""
   csis.infra.csis_preflight:
     config_root: examples
     write: false
+
+- name: A dry run warns about what a real run would refuse, and goes on
+  csis.infra.csis_preflight:
+    config_root: examples
+    write: false
+    refuse: false
 """
 
 RETURN = r"""
@@ -90,28 +105,39 @@ meta_state:
       description: True when the write probe and the lock succeeded, false when they failed, null when not checked.
       type: bool
 problems:
-  description: Why the run must not start, one line each (also the message).
-  returned: failure
+  description: Why the run must not start, one line each (also the message; with I(refuse=false), the warnings).
+  returned: failure, or success with I(refuse=false) and findings
   type: list
   elements: str
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec, fail_from
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import preflight
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import PreflightError, preflight
+
+#: how a dry run's warning begins (refuse=false)
+WOULD_REFUSE = "a real run would refuse to start: "
 
 
 def _run(module, p):
     try:
         res = preflight(p["config_root"], write=p["write"] and not module.check_mode,
                         lock_timeout=p["lock_timeout"], what="csis_preflight (write probe)")
+    except PreflightError as exc:
+        if p["refuse"]:
+            fail_from(module, exc, **exc.result)
+        problems = [str(x) for x in exc.problems]
+        for line in problems:
+            module.warn(WOULD_REFUSE + line)
+        return dict(changed=False, problems=problems, **exc.result)
     except CsisError as exc:
         fail_from(module, exc, **getattr(exc, "result", {}))
     return dict(changed=False, **res)
 
 
 RUN = ModuleRun(_run, argument_spec(CONFIG_ROOT_ARGS, write=dict(type="bool", default=True),
-                                    lock_timeout=dict(type="float", default=600.0)),
+                                    lock_timeout=dict(type="float", default=600.0),
+                                    refuse=dict(type="bool", default=True)),
                 requires=("PyYAML",), options=dict(supports_check_mode=True))
 
 

@@ -246,3 +246,54 @@ def test_a_missing_library_fails_the_task_the_ansible_way_before_the_tree_is_rea
     assert "Failed to import the required Python library (pydantic)" in out, out
     assert "AttributeError" not in out and "model_fields" not in out, out
     assert not os.path.exists(os.path.join(tree, "generated")), "a failed validation wrote into the tree"
+
+
+PREFLIGHT_PLAY = """\
+- name: The preflight of a dry run and of a real run on a damaged drift record
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: A dry run's preflight warns and goes on
+      csis.infra.csis_preflight:
+        config_root: "{{ tree }}"
+        write: false
+        refuse: false
+      register: warned
+
+    - name: A real run's preflight refuses
+      csis.infra.csis_preflight:
+        config_root: "{{ tree }}"
+      register: refused
+      ignore_errors: true
+
+    - name: Keep the results for the test
+      ansible.builtin.copy:
+        dest: "{{ out }}"
+        content: "{{ {'warned': warned, 'refused': refused} | to_json }}"
+        mode: "0600"
+"""
+
+
+def test_a_dry_runs_preflight_warns_of_what_a_real_run_refuses(tmp_path):
+    """A damaged drift.yaml: the real run's preflight fails naming it, the dry run's says the same
+    as a warning and succeeds, and neither writes anything."""
+    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+    os.makedirs(os.path.join(tree, "meta-state"), exist_ok=True)
+    with open(os.path.join(tree, "meta-state", "drift.yaml"), "w", encoding="utf-8") as fh:
+        fh.write("hard: [unclosed\n")
+    before = sorted(os.listdir(os.path.join(tree, "meta-state")))
+    out = tmp_path / "results.json"
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(PREFLIGHT_PLAY, encoding="utf-8")
+    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"tree": tree, "out": str(out)})],
+                         cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    got = json.loads(out.read_text(encoding="utf-8"))
+    refused, warned = got["refused"], got["warned"]
+    assert refused["failed"] and refused["msg"].startswith("meta-state/drift.yaml: "), refused["msg"]
+    assert not warned.get("failed") and warned["problems"] == refused["problems"], (warned, refused)
+    assert warned["warnings"] == ["a real run would refuse to start: " + line for line in refused["problems"]]
+    assert "a real run would refuse to start: meta-state/drift.yaml: " in " ".join(res.stderr.split())
+    # nothing written but the store's lock file (the real run's write probe took the lock)
+    assert sorted(set(os.listdir(os.path.join(tree, "meta-state"))) - {".lock"}) == before

@@ -155,6 +155,15 @@ def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones
     assert ("state: missing storage mnt_data: recorded active but not found in reality (volume %s) (from meta-state "
             "drift.yaml, state query" % managed) in text(res), tail(res)
     assert "TASK [csis.infra.render : Render the identity roots]" not in res.stdout
+    # a dry run is not refused: it warns of the same line and renders on
+    res = Runner(b, ep).play("identity.yml", real=False)
+    assert res.returncode == 0, tail(res)
+    assert ("a real run would refuse to start: state: missing storage mnt_data: recorded active but not found in "
+            "reality (volume %s) (from meta-state drift.yaml, state query" % managed) in text(res), tail(res)
+    assert "TASK [csis.infra.render : Render the identity roots]" in res.stdout
+    res = Runner(b, ep).play("summary.yml")  # the status page says it too
+    assert res.returncode == 0, tail(res)
+    assert "a real run would refuse to start: state: missing storage mnt_data" in text(res), tail(res)
 
     new = ec2.create_volume(AvailabilityZone="us-east-2a", Size=100)["VolumeId"]
     res = Runner(b, ep).play("state_import.yml", import_storage="mnt_data", storage_id=new)
