@@ -152,3 +152,18 @@ def test_import_storage_records_active_with_facts(root):
     assert rec["state"] == "active" and rec["facts"]["bucket_name"] == "csis-example-default-bucket"
     assert rec["history"] == [{"from": None, "to": "active", "run": "r4", "at": rec["history"][0]["at"],
                                "generation": 1, "action": "import", "id": "csis-example-default-bucket"}]
+
+
+def test_import_leaves_a_root_only_a_dry_run_rendered_to_its_first_run(root):
+    """A dry run renders the storage root and stamps it (.terraform/csis-prepared.json) but
+    initialises no backend: terraform there would fail ("Module not installed"), so the import
+    records and says the state was not touched, as for a root never rendered."""
+    directory = os.path.join(root, "generated", "storage", "aws-ebs", "storage-generation")
+    os.makedirs(os.path.join(directory, ".terraform"))
+    with open(os.path.join(directory, ".terraform", "csis-prepared.json"), "w", encoding="utf-8") as fh:
+        fh.write("{}")
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
+    assert res["terraform"] == "terraform state not touched: %s is not rendered and initialised yet" % directory
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == "vol-0bbbbbbbbbbbbbbbb"

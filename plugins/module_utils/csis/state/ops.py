@@ -183,15 +183,16 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
                         gone: Any = None) -> str:
     """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
     next storage run manages the imported resource instead of planning its create (which the gate
-    refuses for a recorded storage). Only a rendered, initialised root is touched; a root never
-    rendered is left to its first run (which then plans the create: see docs/drift.md).
+    refuses for a recorded storage). Only an initialised root (``init`` recorded its backend) is
+    touched; a root never rendered, or rendered only by a dry run (whose ``.terraform/`` holds no
+    backend), is left to its first run (which then plans the create: see docs/drift.md).
 
     A state that holds another id there is refused, unless ``gone(id)`` says every id it holds
     is gone from the endpoint (a volume deleted out of band, the drift report's ``missing``): that
     entry is then removed from the state (``state rm``) before the import."""
     directory = os.path.join(tree.root, root_dir("storage", builder.name))
     address = "module.storage_%s.%s" % (label(name), _TF_RESOURCE[stype])
-    if not os.path.isdir(os.path.join(directory, ".terraform")):
+    if tfstate.backend_of(directory, os.environ.get("TF_DATA_DIR")) is None:  # no init recorded a backend
         return "terraform state not touched: %s is not rendered and initialised yet" % directory
     ex = tree.executables.get(builder.executable or "")
     binary = ex.binary if ex else "terraform"
