@@ -122,3 +122,28 @@ def test_live_holders_finds_a_terraform_process_on_the_same_state(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("argv,holds", [
+    (["terraform", "apply", "-input=false", "plan.tfplan"], True),
+    (["terraform", "-chdir=/r", "plan", "-out=p"], True),
+    (["tofu", "import", "module.x.aws_ebs_volume.this", "vol-1"], True),
+    (["terraform", "state", "rm", "module.x"], True),
+    (["terraform", "init", "-reconfigure"], True),
+    (["terraform"], True),                      # unknown: counted, as before
+    (["terraform", "30"], True),
+    (["terraform", "validate", "-json"], False),
+    (["terraform", "-chdir=/r", "show", "-json", "p"], False),
+    (["terraform", "output", "-json"], False),
+    (["terraform", "version", "-json"], False),
+    (["terraform", "-version"], False),
+    (["terraform", "state", "pull"], False),
+    (["terraform", "state", "list"], False),
+    (["terraform", "workspace", "list"], False),
+    (["terraform", "workspace", "new", "w"], True),
+    (["terraform", "plan", "-lock=false", "-out=p"], False),
+])
+def test_only_a_command_that_can_lock_is_a_holder(argv, holds):
+    """A dry run's validate of another tree on the same state is no holder (the stale-lock check
+    named one); a plan, apply, import or state change is."""
+    assert sl.may_hold_lock(argv) is holds

@@ -10,7 +10,8 @@ process, so only a holder on THIS machine can be proven dead:
 
 * no lock object: nothing to do;
 * held by ``user@host`` of this machine and no terraform/tofu process on this machine
-  works on a root with the same backend bucket and key: the holder is dead. The lock is
+  works on a root with the same backend bucket and key in a command that can lock it (not a
+  ``validate``, ``show``, ``output``, ``state pull``, nor any ``-lock=false``): the holder is dead. The lock is
   released with ``<binary> force-unlock -force <ID>`` (terraform refuses if the lock
   changed meanwhile) and reported;
 * held by a live local process, or by another machine: refused with the lock's details
@@ -31,8 +32,8 @@ from ..tfstate import backend_of, s3_state_key
 from ..errors import CsisError
 from .errored import check_errored_state
 
-__all__ = ["StateLockError", "backend_of", "lock_key", "read_lock", "live_holders", "check_and_release",
-           "local_who"]
+__all__ = ["StateLockError", "backend_of", "lock_key", "read_lock", "live_holders", "may_hold_lock",
+           "check_and_release", "local_who"]
 
 TERRAFORM_NAMES = ("terraform", "tofu")
 
@@ -85,9 +86,35 @@ def _same_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
             and ca.get("key") == cb.get("key") and a.get("workspace") == b.get("workspace"))
 
 
+#: subcommands that never take the state lock (``state``/``workspace``: with these second words)
+NEVER_LOCKS = frozenset(("version", "fmt", "validate", "show", "output", "providers", "graph", "get", "login",
+                         "logout", "metadata", "modules", "force-unlock", "-version", "-help", "-v", "-h"))
+NEVER_LOCKS_UNDER = {"state": frozenset(("list", "show", "pull")), "workspace": frozenset(("list", "show", "select"))}
+
+
+def may_hold_lock(argv: List[str]) -> bool:
+    """Whether a terraform/tofu command line can hold its state's lock: every subcommand can
+    (``plan``, ``apply``, ``import``, ``state rm``, ``init`` while it migrates state, ...), except
+    those of :data:`NEVER_LOCKS` and any run with ``-lock=false``. Global options (``-chdir=``)
+    come before the subcommand; an unknown subcommand counts as a holder."""
+    words = [a for a in argv[1:] if not a.startswith("-chdir")]
+    if "-lock=false" in words:
+        return False
+    sub = next((w for w in words if not w.startswith("-") or w in NEVER_LOCKS), None)
+    if sub is None:
+        return True
+    if sub in NEVER_LOCKS:
+        return False
+    rest = words[words.index(sub) + 1:]
+    second = next((w for w in rest if not w.startswith("-")), None)
+    return second not in NEVER_LOCKS_UNDER.get(sub, frozenset())
+
+
 def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """terraform/tofu processes on this machine working on a root with the same state (read from
-    ``/proc``; without it, whether a holder lives cannot be told, and this refuses to say "none")."""
+    """terraform/tofu processes on this machine working on a root with the same state, in a
+    command that can hold its lock (:func:`may_hold_lock`: a ``validate`` or ``show`` of a root on
+    the same state is no holder), read from ``/proc``; without it, whether a holder lives cannot be
+    told, and this refuses to say "none"."""
     if not procs.available():
         raise StateLockError("this machine's processes cannot be read (no /proc): whether a terraform process "
                              "here still holds the state lock cannot be told")
@@ -97,6 +124,8 @@ def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
             continue
         argv = procs.argv_of(pid)
         if not argv or os.path.basename(argv[0]) not in TERRAFORM_NAMES or procs.stat_fields(pid) is None:
+            continue
+        if not may_hold_lock(argv):
             continue
         try:
             cwd = os.readlink("/proc/%s/cwd" % pid)
