@@ -387,20 +387,19 @@ def picture(config_root: str, overlays: Any = (), dot: str = "dot", timeout: flo
     from ..config.loader import load_tree
     from ..config.validate import read_meta, validate_tree
     from ..errors import ConfigError
-    from ..state.drift import DRIFT_FILE, damaged_record, last_hard
-    from ..state.store import MetaState, MetaStateError
+    from ..state.drift import damaged_record
+    from ..state.preflight import hard_drift
+    from ..state.store import MetaStateError
 
     tree = load_tree(config_root, overlays=overlays)
     meta, meta_problems = read_meta(tree.root)
     if meta_problems:
         raise ConfigError(meta_problems)
     problems = [str(p) for p in validate_tree(tree, meta, run_version=_no_version_check)]
-    ms = MetaState(tree.root)
-    try:
-        stored = ms.load(DRIFT_FILE)
+    try:  # the lines a real run's preflight refuses on, read as it reads them
+        report = {"drift": hard_drift(tree.root)["hard_drift"]}
     except MetaStateError as exc:
         raise ConfigError([str(damaged_record(exc))]) from exc
-    report = {"drift": last_hard(tree.root, stored, ms.objects.label(DRIFT_FILE))["hard_drift"]}
     g = build(tree, meta, report, refs=[] if problems else None)
     if problems:
         g.notes.append("the tree does not validate (%d problem(s), see playbooks/validate.yml): "
