@@ -88,26 +88,24 @@ def _same_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 #: subcommands that never take the state lock (``state``/``workspace``: with these second words)
 NEVER_LOCKS = frozenset(("version", "fmt", "validate", "show", "output", "providers", "graph", "get", "login",
-                         "logout", "metadata", "modules", "force-unlock", "-version", "-help", "-v", "-h"))
+                         "logout", "metadata", "modules", "force-unlock"))
 NEVER_LOCKS_UNDER = {"state": frozenset(("list", "show", "pull")), "workspace": frozenset(("list", "show", "select"))}
 
 
 def may_hold_lock(argv: List[str]) -> bool:
     """Whether a terraform/tofu command line can hold its state's lock: every subcommand can
     (``plan``, ``apply``, ``import``, ``state rm``, ``init`` while it migrates state, ...), except
-    those of :data:`NEVER_LOCKS` and any run with ``-lock=false``. Global options (``-chdir=``)
-    come before the subcommand; an unknown subcommand counts as a holder."""
-    words = [a for a in argv[1:] if not a.startswith("-chdir")]
-    if "-lock=false" in words:
+    those of :data:`NEVER_LOCKS`, any run with ``-lock=false`` and a bare ``-version``/``-help``.
+    terraform's options are single words (``-chdir=DIR``, ``-out=FILE``), so the words without a
+    leading dash are the subcommand and its arguments; an unknown subcommand counts as a holder."""
+    if "-lock=false" in argv[1:]:
         return False
-    sub = next((w for w in words if not w.startswith("-") or w in NEVER_LOCKS), None)
-    if sub is None:
-        return True
-    if sub in NEVER_LOCKS:
+    words = [w for w in argv[1:] if not w.startswith("-")]
+    if not words:
+        return not any(w in ("-version", "-v", "-help", "-h") for w in argv[1:])
+    if words[0] in NEVER_LOCKS:
         return False
-    rest = words[words.index(sub) + 1:]
-    second = next((w for w in rest if not w.startswith("-")), None)
-    return second not in NEVER_LOCKS_UNDER.get(sub, frozenset())
+    return len(words) < 2 or words[1] not in NEVER_LOCKS_UNDER.get(words[0], frozenset())
 
 
 def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
