@@ -21,7 +21,9 @@ description:
     resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>), after releasing a
     stale state lock left by a killed run of this machine), so the next storage run manages it instead of planning
     its create; a state holding another id at that address is refused, unless that id is gone from the
-    endpoint (it is then removed from the state first). A failed import records nothing.
+    endpoint (it is then removed from the state first). A root whose files do not declare the storage yet is
+    left to the storage run that renders it; a module call rendered since the root's last C(init) is installed
+    first (C(terraform get)). A failed import records nothing.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3

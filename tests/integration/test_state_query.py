@@ -246,3 +246,42 @@ def test_forget_an_instance_refuses_while_the_machine_exists(tree):
     assert rep["summary"]["hard"] == 0
     res = tree.play("forget.yml", forget_instance="test")
     assert res.returncode != 0 and "nothing is recorded for it" in _text(res)
+
+
+def test_an_import_into_a_root_rendered_after_the_storage_was_declared_installs_its_module(tree):
+    """A storage declared after its root's last real run: state import records it and leaves the
+    terraform state alone while the root does not declare it; once a dry run rendered it (and
+    installed nothing: terraform would say "Module not installed"), the import installs the
+    module and imports, and the next real run plans no create of it."""
+    import e2e
+
+    storages = os.path.join(tree.root, "storages", "storage0.yaml")
+    doc = e2e.read_yaml(storages)
+    doc["storages"].append({"name": "p2", "mount_point": "/mnt/p2", "groups": ["coops"], "state": "active"})
+    e2e.write_yaml(storages, doc)
+    directory = os.path.join(tree.root, "generated", "storage", "aws-ebs", "storage-generation")
+    # as the storage declares it (an unencrypted one, or another zone, would be planned as a replacement,
+    # which the gate refuses: docs/drift.md)
+    vid = tree.moto.client("ec2").create_volume(AvailabilityZone="us-east-2a", Size=100, VolumeType="gp3",
+                                                Encrypted=True)["VolumeId"]
+
+    res = tree.play("state_import.yml", import_storage="p2", storage_id=vid)
+    assert res.returncode == 0, res.stdout[-4000:]
+    said = _text(res).replace("''", "'")  # the YAML callback doubles the quotes of a quoted string
+    assert ("terraform state not touched: %s was rendered before storage 'p2' was declared" % directory) in said, said
+    assert tree.meta("storage-state.yaml")["storages"]["p2"]["facts"]["volume_id"] == vid
+
+    res = tree.play("storage.yml")  # a dry run renders the module call; the root's init is untouched
+    assert res.returncode == 0, res.stdout[-4000:]
+    res = tree.play("state_import.yml", import_storage="p2", storage_id=vid)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert ("imported %s into the terraform state of %s as module.storage_p2.aws_ebs_volume.this "
+            "(after installing its module storage_p2)" % (vid, directory)) in _text(res), res.stdout[-4000:]
+
+    # a real run (apply flags off: plan and gate only) manages the imported volume: no create of it
+    res = tree.play("storage.yml", csis_dry_run=False)
+    assert res.returncode == 0, "\n".join(line for line in res.stdout.splitlines() if "fatal" in line or "msg" in line
+                                          or "=>" in line or "REFUSED" in line or "Error" in line)[-6000:]
+    assert "RECORDED STORAGE WOULD BE CREATED" not in _text(res)
+    assert "module.storage_p2.aws_ebs_volume.this" not in [line.split()[1] for line in res.stdout.splitlines()
+                                                           if "create" in line and len(line.split()) > 1], _text(res)

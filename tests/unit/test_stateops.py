@@ -3,6 +3,7 @@
 the refusals (still exists, cannot check, undeclared, wrong shape, absent) and what is written."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -152,6 +153,48 @@ def test_import_storage_records_active_with_facts(root):
     assert rec["state"] == "active" and rec["facts"]["bucket_name"] == "csis-example-default-bucket"
     assert rec["history"] == [{"from": None, "to": "active", "run": "r4", "at": rec["history"][0]["at"],
                                "generation": 1, "action": "import", "id": "csis-example-default-bucket"}]
+
+
+def _initialised_root(root, module_line=True, installed=()):
+    """The storage root as a real run leaves it (a local backend here, whose state file is absent:
+    an empty state), with or without the storage's module call in its files and installed."""
+    directory = os.path.join(root, "generated", "storage", "aws-ebs", "storage-generation")
+    os.makedirs(os.path.join(directory, ".terraform", "modules"))
+    with open(os.path.join(directory, ".terraform", "terraform.tfstate"), "w", encoding="utf-8") as fh:
+        json.dump({"version": 3, "backend": {"type": "local", "config": {"path": "terraform.tfstate"}}}, fh)
+    with open(os.path.join(directory, ".terraform", "modules", "modules.json"), "w", encoding="utf-8") as fh:
+        json.dump({"Modules": [{"Key": "", "Source": "", "Dir": "."}]
+                   + [{"Key": k, "Source": "../m", "Dir": "../m"} for k in installed]}, fh)
+    with open(os.path.join(directory, "aws-ebs-storage-generation-storage-mnt_data.tf"), "w", encoding="utf-8") as fh:
+        fh.write('module "storage_mnt_data" {\n  source = "../m"\n}\n' if module_line else "# nothing\n")
+    return directory
+
+
+def test_import_into_a_root_rendered_before_the_storage_was_declared_leaves_its_state(root):
+    """The root is initialised but its files do not declare the storage yet: terraform would
+    refuse the import (no configuration for the address); the record is made and the state left
+    to the storage run that renders the storage, as for a root never rendered."""
+    directory = _initialised_root(root, module_line=False)
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
+    assert res["terraform"] == ("terraform state not touched: %s was rendered before storage 'mnt_data' was declared "
+                                "(a storage run renders it and stops at the gate; then state import again)" % directory)
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == "vol-0bbbbbbbbbbbbbbbb"
+
+
+@pytest.mark.parametrize("installed", [(), ("storage_mnt_data",)])
+def test_import_into_a_root_rendered_again_since_its_init_installs_the_module_first(root, installed):
+    """A dry run rendered the storage's module call into an initialised root and installed
+    nothing (terraform would say "Module not installed"): the import installs it first (check
+    mode says so); an installed module needs nothing."""
+    directory = _initialised_root(root, installed=installed)
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols)
+    assert res["terraform"] == "would import vol-0bbbbbbbbbbbbbbbb into the terraform state of %s as " \
+        "module.storage_mnt_data.aws_ebs_volume.this%s" % (directory, "" if installed else
+                                                            " (after installing its module storage_mnt_data)")
 
 
 def test_import_leaves_a_root_only_a_dry_run_rendered_to_its_first_run(root):

@@ -27,6 +27,7 @@ Neither touches terraform state: see docs/drift.md.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any, Dict, Optional
@@ -185,17 +186,28 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     next storage run manages the imported resource instead of planning its create (which the gate
     refuses for a recorded storage). Only an initialised root (``init`` recorded its backend) is
     touched; a root never rendered, or rendered only by a dry run (whose ``.terraform/`` holds no
-    backend), is left to its first run (which then plans the create: see docs/drift.md).
+    backend), is left to its first run (which then plans the create: see docs/drift.md), as is one
+    whose files do not declare the storage yet. A module call rendered since the root's last
+    ``init`` (a dry run after the storage was declared) is installed first (``terraform get``).
 
     A state that holds another id there is refused, unless ``gone(id)`` says every id it holds
     is gone from the endpoint (a volume deleted out of band, the drift report's ``missing``): that
     entry is then removed from the state (``state rm``) before the import."""
     directory = os.path.join(tree.root, root_dir("storage", builder.name))
-    address = "module.storage_%s.%s" % (label(name), _TF_RESOURCE[stype])
-    if tfstate.backend_of(directory, os.environ.get("TF_DATA_DIR")) is None:  # no init recorded a backend
+    call = "storage_%s" % label(name)
+    address = "module.%s.%s" % (call, _TF_RESOURCE[stype])
+    data_dir = os.environ.get("TF_DATA_DIR")
+    if tfstate.backend_of(directory, data_dir) is None:  # no init recorded a backend
         return "terraform state not touched: %s is not rendered and initialised yet" % directory
+    if not _declares_module(directory, call):
+        return ("terraform state not touched: %s was rendered before storage '%s' was declared (a storage run "
+                "renders it and stops at the gate; then state import again)" % (directory, name))
     ex = tree.executables.get(builder.executable or "")
     binary = ex.binary if ex else "terraform"
+    # rendered again since its last init (a dry run after the storage was declared): the module
+    # call is in the files but not installed, and terraform would refuse the import ("Module not
+    # installed"). `terraform get` installs the collection's local module; no backend, no provider.
+    install = call not in _installed_modules(directory, data_dir)
     try:
         state = tfstate.read(directory, binary)
     except terraform.TerraformError as exc:
@@ -212,8 +224,15 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
                            % (name, directory, ", ".join(str(h) for h in held), address, storage_id,
                               binary, directory, address))
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
+    installed = " (after installing its module %s)" % call if install else ""
     if check:
-        return "would import %s into the terraform state of %s as %s%s" % (storage_id, directory, address, dropped)
+        return "would import %s into the terraform state of %s as %s%s%s" % (storage_id, directory, address, dropped,
+                                                                            installed)
+    if install:
+        res = terraform.run(binary, ["get", "-no-color"], directory)
+        if res["rc"] != 0:
+            raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
+                               % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
     check_and_release(directory, binary)  # a stale lock left by a killed run of this machine
     if stale:
         res = terraform.run(binary, ["state", "rm", "-no-color", address], directory)
@@ -224,7 +243,37 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     if res["rc"] != 0:
         raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                            % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    return "imported %s into the terraform state of %s as %s%s" % (storage_id, directory, address, dropped)
+    return "imported %s into the terraform state of %s as %s%s%s" % (storage_id, directory, address, dropped, installed)
+
+
+def _declares_module(directory: str, call: str) -> bool:
+    """Whether a ``.tf`` file of the rendered root declares ``module "<call>"`` (the render writes
+    them in fmt form: one ``module "<name>" {`` line each)."""
+    line = re.compile(r'^module "%s" \{' % re.escape(call), re.M)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".tf"))
+    except OSError:
+        return False
+    for n in names:
+        try:
+            with open(os.path.join(directory, n), "r", encoding="utf-8") as fh:
+                if line.search(fh.read()):
+                    return True
+        except (OSError, UnicodeDecodeError):
+            continue
+    return False
+
+
+def _installed_modules(directory: str, data_dir: Optional[str]) -> set:
+    """The module call keys ``init``/``get`` installed in the root (``<data dir>/modules/modules.json``)."""
+    path = os.path.join(directory, data_dir or ".terraform", "modules", "modules.json")
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return set()
+    mods = doc.get("Modules") if isinstance(doc, dict) else None
+    return {m.get("Key") for m in mods or [] if isinstance(m, dict) and isinstance(m.get("Key"), str)}
 
 
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
