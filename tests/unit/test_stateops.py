@@ -192,9 +192,9 @@ def test_import_into_a_root_rendered_again_since_its_init_installs_the_module_fi
     vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
         {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols)
+    after = "" if installed else " (after installing its module storage_mnt_data)"
     assert res["terraform"] == "would import vol-0bbbbbbbbbbbbbbbb into the terraform state of %s as " \
-        "module.storage_mnt_data.aws_ebs_volume.this%s" % (directory, "" if installed else
-                                                            " (after installing its module storage_mnt_data)")
+        "module.storage_mnt_data.aws_ebs_volume.this%s" % (directory, after)
 
 
 def test_import_leaves_a_root_only_a_dry_run_rendered_to_its_first_run(root):

@@ -226,8 +226,8 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
     installed = " (after installing its module %s)" % call if install else ""
     if check:
-        return "would import %s into the terraform state of %s as %s%s%s" % (storage_id, directory, address, dropped,
-                                                                            installed)
+        return "would import %s into the terraform state of %s as %s%s%s" % (
+            storage_id, directory, address, dropped, installed)
     if install:
         res = terraform.run(binary, ["get", "-no-color"], directory)
         if res["rc"] != 0:
