@@ -98,9 +98,9 @@ def main() -> int:
         cpu = user + system
         if cpu < 0.005 and count < 5:
             continue
-        print("%-16s %9.2f %6.1f%% %5.0f%% %8d %12d" % (comm, cpu, 100.0 * cpu / total if total else 0.0,
-                                                    100.0 * system / cpu if cpu else 0.0, count, minflt),
-              file=sys.stderr)
+        share = 100.0 * cpu / total if total else 0.0
+        sys_share = 100.0 * system / cpu if cpu else 0.0
+        print("%-16s %9.2f %6.1f%% %5.0f%% %8d %12d" % (comm, cpu, share, sys_share, count, minflt), file=sys.stderr)
     if args.top:
         print("== the %d processes that used the most CPU:" % args.top, file=sys.stderr)
         for comm, user, system, minflt, pid, ppid, elapsed in sorted(recs, key=lambda r: -(r[1] + r[2]))[:args.top]:
