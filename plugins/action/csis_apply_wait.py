@@ -82,8 +82,10 @@ class ActionModule(ActionBase):
                     data = asyncjob.read_results(path)  # it may have written its result, then exited
                     if asyncjob.finished(data):
                         break
+                    began = not asyncjob.never_began(path, log)
                     self._forget(path)
-                    raise AnsibleActionFail(asyncjob.gone_message(label, job["ansible_job_id"], path, data, log))
+                    raise AnsibleActionFail(asyncjob.gone_message(label, job["ansible_job_id"], path, data, log,
+                                                                  began))
             if timeout and now - started > timeout:
                 raise AnsibleActionFail("%s: the job %s did not finish within %d s" % (label, job["ansible_job_id"], timeout))
             if now >= next_line:

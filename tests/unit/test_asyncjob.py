@@ -117,3 +117,28 @@ def test_the_message_names_the_job_its_file_and_the_log():
                           "still says it is running, but no process of the job (async_wrapper) is alive.")
     assert "Its output so far: /t/root/.apply.log." in msg
     assert "is missing or unreadable" in asyncjob.gone_message("x", "j1.2", "/f", None)
+
+
+def test_a_job_whose_command_never_wrote_its_log_never_began(tmp_path):
+    """async_wrapper writes "started", then starts the module (ansible-core issue 87387: under load
+    its worker can die between the two): a log the command truncates when it starts that is
+    missing, or older than the results file, says the command never ran."""
+    import os
+
+    results, log = tmp_path / "j1.2", tmp_path / ".apply.log"
+    log.write_text("an earlier apply\n", encoding="utf-8")
+    results.write_text('{"started": true}', encoding="utf-8")
+    os.utime(str(log), ns=(1_000_000_000, 1_000_000_000))
+    assert asyncjob.never_began(str(results), str(log)) is True          # the last apply's log
+    os.utime(str(log), None)
+    os.utime(str(results), ns=(1_000_000_000, 1_000_000_000))
+    assert asyncjob.never_began(str(results), str(log)) is False         # written since: it began
+    log.unlink()
+    assert asyncjob.never_began(str(results), str(log)) is True          # no log at all
+    assert asyncjob.never_began(str(results), "") is False               # no log named: cannot tell
+    assert asyncjob.never_began(str(tmp_path / "missing"), str(log)) is False
+    msg = asyncjob.gone_message("storage-aws-ebs: apply", "j1.2", str(results), {"started": True}, str(log), began=False)
+    assert msg.startswith("storage-aws-ebs: apply: the job j1.2 is gone before its command started: its results file "
+                          "%s says it started, but no process of the job (async_wrapper) is alive and %s was not "
+                          "written since. Nothing was applied and nothing was recorded: run again." % (results, log))
+    assert "ansible-core issue 87387" in msg

@@ -90,9 +90,35 @@ class JobWatch:
         return False if self.seen else None
 
 
+def never_began(results_file: str, log: str) -> bool:
+    """True when the job's command never wrote ``log`` (its own output file, which it truncates when
+    it starts: csis-tf-supervise's ``.apply.log``) since ``async_wrapper`` wrote the results file's
+    "started", just before it starts the module: the log is missing, or older than that file.
+    False when that cannot be told (no log named, no results file)."""
+    if not log:
+        return False
+    try:
+        started = os.stat(results_file).st_mtime_ns
+    except OSError:
+        return False
+    try:
+        return os.stat(log).st_mtime_ns < started
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 def gone_message(label: str, job_id: str, results_file: str, data: Optional[Dict[str, Any]],
-                 log: str = "") -> str:
-    """What ``csis_apply_wait`` says of a job that no process of which lives any more."""
+                 log: str = "", began: bool = True) -> str:
+    """What ``csis_apply_wait`` says of a job that no process of which lives any more. ``began``
+    False (:func:`never_began`): the command never started, so nothing was done."""
+    if not began:
+        return ("%s: the job %s is gone before its command started: its results file %s says it started, but no "
+                "process of the job (%s) is alive and %s was not written since. Nothing was applied and nothing was "
+                "recorded: run again. Ansible's %s loses its worker this way when the job takes more than 2.5 s to "
+                "start (a loaded controller; ansible-core issue 87387), or when it is killed before the module starts."
+                % (label, job_id, results_file, WRAPPER, log, WRAPPER))
     said = "still says it is running" if data is not None else "is missing or unreadable"
     follow = " Its output so far: %s." % log if log else ""
     return ("%s: the job %s is gone: its results file %s %s, but no process of the job (%s) is alive. It was "
