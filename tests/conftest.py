@@ -150,6 +150,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_collection_artifact.py",
     "tests/integration/test_static_keys_e2e.py",
     "tests/integration/test_secrets_sentinel.py",
+    "tests/faults/test_async_worker_lost.py",
     "tests/unit/test_metastate.py",
     "tests/integration/test_store_s3.py",
     "tests/integration/test_validate_playbook.py",

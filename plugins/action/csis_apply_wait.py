@@ -84,8 +84,11 @@ class ActionModule(ActionBase):
                         break
                     began = not asyncjob.never_began(path, log)
                     self._forget(path)
-                    raise AnsibleActionFail(asyncjob.gone_message(label, job["ansible_job_id"], path, data, log,
-                                                                  began))
+                    message = asyncjob.gone_message(label, job["ansible_job_id"], path, data, log, began)
+                    if not began:  # nothing ran: the role may start the same plan file once more
+                        result.update(failed=True, msg=message, never_began=True)
+                        return result
+                    raise AnsibleActionFail(message)
             if timeout and now - started > timeout:
                 raise AnsibleActionFail("%s: the job %s did not finish within %d s" % (label, job["ansible_job_id"], timeout))
             if now >= next_line:

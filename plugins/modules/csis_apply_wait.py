@@ -25,6 +25,10 @@ description:
     When none does any more and the results file still says C(started), the job was killed before it could write a result
     (C(kill -9), the kernel's OOM killer). The task then fails at once, naming the job, and removes its results file. Where
     the controller has no C(/proc) (not Linux) it cannot look, and only O(timeout) ends such a wait.
+  - When O(log) was not written since the job said C(started) (the command truncates it when it starts), the command
+    never ran: the task fails with RV(never_began) set, saying nothing was applied. Ansible's C(async_wrapper) loses
+    its worker this way on a controller loaded to its limit (ansible-core issue 87387); the C(csis.infra.tofu_root)
+    role then starts the same plan file once more.
 extends_documentation_fragment:
   - csis.infra.attributes
   - csis.infra.attributes.platform
@@ -87,4 +91,8 @@ ansible_job_id:
   description: The job's id.
   returned: always
   type: str
+never_began:
+  description: The job is gone and its command never started (O(log) not written since the job said C(started)).
+  returned: when the job is gone before its command started
+  type: bool
 """
