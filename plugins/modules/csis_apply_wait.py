@@ -26,9 +26,9 @@ description:
     (C(kill -9), the kernel's OOM killer). The task then fails at once, naming the job, and removes its results file. Where
     the controller has no C(/proc) (not Linux) it cannot look, and only O(timeout) ends such a wait.
   - When O(log) was not written since the job said C(started) (the command truncates it when it starts), the command
-    never ran: the task fails with RV(never_began) set, saying nothing was applied. Ansible's C(async_wrapper) loses
-    its worker this way on a controller loaded to its limit (ansible-core issue 87387); the C(csis.infra.tofu_root)
-    role then starts the same plan file once more.
+    never ran. The task then fails with RV(never_began) set, saying nothing was applied. Ansible's C(async_wrapper)
+    loses its worker this way on a controller loaded to its limit (ansible-core issue 87387), and the
+    C(csis.infra.tofu_root) role then starts the same plan file once more.
 extends_documentation_fragment:
   - csis.infra.attributes
   - csis.infra.attributes.platform
