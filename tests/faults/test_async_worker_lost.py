@@ -7,7 +7,8 @@
 returns and closes the pipe; a worker slower than that writes "started" to the job's results
 file, fails on the closed pipe before it starts the module, and nothing ever writes a result.
 The ansible-core maintainers reproduce it with a sleep before the notification; so does this
-test, for the first async job of one real storage run only (a ``sitecustomize`` on the run's
+test (until the parent has given up, however loaded the machine), for the first async job of
+one real storage run only (a ``sitecustomize`` on the run's
 ``PYTHONPATH``, active in ``async_wrapper`` processes alone; real ansible-core, real terraform
 and provider, the session's moto server). ``csis_apply_wait`` sees the job gone before
 terraform started (the root's ``.apply.log`` not written since), the role starts the same plan
@@ -36,7 +37,11 @@ if any("async_wrapper" in os.path.basename(a) for a in sys.argv[:1]):
             os.rename(marker, marker + ".taken")   # the first job only
         except OSError:
             return _send(self, obj)
-        time.sleep(4)                              # past the parent's 2.5 s: it has closed the pipe
+        # slower than the parent's 2.5 s wait, however loaded the machine: until the parent has
+        # given up and closed its end (the other end reads as at its end), at most 60 s
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self.poll(0.2):
+            pass
         return _send(self, obj)
 
     _conn.Connection.send = send
