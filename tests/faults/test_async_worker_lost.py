@@ -65,6 +65,7 @@ def test_a_job_whose_worker_is_lost_before_terraform_starts_is_started_once_more
     assert not marker.exists() and os.path.exists(str(marker) + ".taken"), "the fault was not injected"
     text = " ".join(run.out.split())
     assert "is gone before its command started" in text and "Nothing was applied" in text, run.tail()
+    assert "This run starts the same plan file once more now." in text, run.tail()
     assert "TASK [csis.infra.tofu_root : Apply exactly that plan file, second start]" in run.out
     rec = e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]
     assert rec["state"] == "active"
