@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -259,6 +260,9 @@ def tf_env() -> Dict[str, str]:
 _FILE_SECONDS: Dict[str, float] = {}
 _FILE_CPU: Dict[str, float] = {}
 _FILE_TESTS: Dict[str, int] = {}
+#: each test's CPU by phase ({nodeid: {"setup": s, "call": s, "teardown": s}}): a module
+#: fixture's work (an applied tree) is in the setup of the first test that uses it
+_TEST_CPU: Dict[str, Dict[str, float]] = {}
 _CPU_KEY = "csis_cpu_seconds"
 
 
@@ -292,6 +296,8 @@ def pytest_runtest_logreport(report: Any) -> None:
     for key, value in getattr(report, "user_properties", None) or ():
         if key == _CPU_KEY:
             _FILE_CPU[path] = _FILE_CPU.get(path, 0.0) + float(value)
+            phases = _TEST_CPU.setdefault(report.nodeid, {})
+            phases[report.when] = phases.get(report.when, 0.0) + float(value)
     if report.when == "call":
         _FILE_TESTS[path] = _FILE_TESTS.get(path, 0) + 1
 
@@ -314,6 +320,20 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for path in hungriest:
             terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
                 _FILE_SECONDS.get(path, 0.0), _FILE_CPU[path], _FILE_TESTS.get(path, 0), path))
+    if _TEST_CPU:
+        fixtures = sum(p.get("setup", 0.0) + p.get("teardown", 0.0) for p in _TEST_CPU.values())
+        terminalreporter.write_sep("-", "the 15 tests that used the most CPU (setup: their fixtures, an "
+                                        "applied tree in the first test of a file; %.0f s in all setups "
+                                        "and teardowns)" % fixtures)
+        for nodeid in sorted(_TEST_CPU, key=lambda n: -sum(_TEST_CPU[n].values()))[:15]:
+            phases = _TEST_CPU[nodeid]
+            terminalreporter.write_line("%7.1f s CPU  setup %6.1f s  %s" % (
+                sum(phases.values()), phases.get("setup", 0.0), nodeid))
+    log = os.environ.get("CSIS_TEST_CPU_LOG")
+    if log and _TEST_CPU:  # every test's CPU by phase, as JSON (benchmarks/README.md)
+        with open(log, "w", encoding="utf-8") as fh:
+            json.dump(_TEST_CPU, fh, indent=1, sort_keys=True)
+        terminalreporter.write_line("each test's CPU by phase: %s" % log)
     moto = _moto_cpu(config)
     if moto is not None:
         terminalreporter.write_line("the shared moto server (every test's AWS endpoint): %.0f s of CPU" % moto)
