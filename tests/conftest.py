@@ -320,12 +320,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for path in hungriest:
             terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
                 _FILE_SECONDS.get(path, 0.0), _FILE_CPU[path], _FILE_TESTS.get(path, 0), path))
-    if _TEST_CPU:
+    if any(sum(p.values()) >= 1.0 for p in _TEST_CPU.values()):  # not for a run of unit tests alone
         fixtures = sum(p.get("setup", 0.0) + p.get("teardown", 0.0) for p in _TEST_CPU.values())
         terminalreporter.write_sep("-", "the 15 tests that used the most CPU (setup: their fixtures, an "
                                         "applied tree in the first test of a file; %.0f s in all setups "
                                         "and teardowns)" % fixtures)
         for nodeid in sorted(_TEST_CPU, key=lambda n: -sum(_TEST_CPU[n].values()))[:15]:
+            if sum(_TEST_CPU[nodeid].values()) < 1.0:
+                break
             phases = _TEST_CPU[nodeid]
             terminalreporter.write_line("%7.1f s CPU  setup %6.1f s  %s" % (
                 sum(phases.values()), phases.get("setup", 0.0), nodeid))

@@ -11,7 +11,7 @@ short_description: Draw a csis.infra tree (accounts, environments, runtimes, bui
 version_added: 0.2.0
 description:
   - Loads the configuration tree, its meta-state and the HARD lines of the last state query (meta-state's
-    C(drift.yaml), else C(generated/state-report.json)), and
+    C(drift.yaml) and this checkout's C(generated/state-report.json), both of which count), and
     draws accounts, environments, runtimes, builders (one terraform root each), groups, storages and instances.
   - Runs the validation rules, except the executables' versions (nothing runs terraform). A tree that loads but breaks
     a rule is drawn anyway, its problems returned (RV(problems)), warned and named in the picture's title, without

@@ -32,8 +32,8 @@ extends_documentation_fragment:
 options:
   write:
     description:
-      - Check that meta-state can be written and locked. Turn it off for runs that cannot apply anything and
-        so never record (an AWX plan job).
+      - Check that meta-state can be written and locked. Turn it off for runs that write nothing (a dry run, the
+        summary); an AWX plan job writes its plan receipts, so the C(csis.infra.render) role checks it there too.
     type: bool
     default: true
   lock_timeout:
@@ -62,10 +62,11 @@ EXAMPLES = r"""
     config_root: "{{ csis_config_root | ansible.builtin.realpath }}"
   register: preflight
 
-- name: A plan-only run never records, so only the reads
+- name: A summary writes nothing, so only the reads
   csis.infra.csis_preflight:
     config_root: examples
     write: false
+    refuse: false
 
 - name: A dry run warns about what a real run would refuse, and goes on
   csis.infra.csis_preflight:

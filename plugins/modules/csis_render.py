@@ -184,7 +184,7 @@ roots:
       type: list
       elements: str
     unmounts:
-      description: The unmounts to run before the plan (C(instance), C(storage), C(mount_point), C(type)).
+      description: The unmounts to run after the gate, the approval and the apply check, before the apply (C(instance), C(storage), C(mount_point), C(type)).
       type: list
       elements: dict
     transitions_before:

@@ -21,7 +21,7 @@ description:
     checkout of the tree reads them, an AWX job's fresh checkout too. The record is written (in one meta-state
     transaction, with the lock and an audit record) only when its HARD lines change; no record and no HARD line writes
     nothing. A store that cannot be written fails the task, after the report was written.
-  - While that record (or, in a store without one, the report) holds a HARD line every real lifecycle run refuses
+  - While that record or this checkout's report (both count) holds a HARD line every real lifecycle run refuses
     to start (the first task of the C(csis.infra.render) role); correct the record with the forget or state import
     playbooks, then query again (they do it for you).
   - Writes no other meta-state. A runtime with static keys (C(!vault) values) is reached with them,

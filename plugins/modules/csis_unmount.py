@@ -24,7 +24,7 @@ description:
     The whole session is bounded by O(timeout): then ssh is killed and the unmount fails.
   - C(none) is refused; unmount by hand and record it with O(confirm).
   - The unmount is not forceful unless O(force) is set; a busy mount fails with the processes
-    holding it, and nothing is planned.
+    holding it, and nothing is applied.
   - >-
     Writes C(<receipts_dir>/<instance>__<storage>.json) atomically with C(instance), C(storage),
     C(ok), C(time), C(mount_point), C(method), C(runtime), C(exit_status), C(output) (its last

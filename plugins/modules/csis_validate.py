@@ -20,7 +20,7 @@ description:
     Shows, for every runtime that belongs to an environment of C(cfg/hierarchy.yml), each effective
     dependency tag and dependency config with the node or file it came from (RV(inheritance),
     RV(inheritance_lines)). Refuses a storage or instance whose effective tags lack one of C(config.required_tags).
-  - Makes no network call and writes nothing.
+  - Writes nothing. Makes no network call, except reading meta-state from an S3 store (C(meta_state) of C(cfg/_config.yml)).
   - >-
     An action plugin runs first on the controller: it decrypts the tree's C(!vault) values (the secret
     fields of docs/configuration.md) with the run's vault secrets and passes the module those that do not

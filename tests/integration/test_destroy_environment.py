@@ -68,7 +68,9 @@ def test_the_cascade_destroys_leaves_first(tree):
     ec2 = tree.moto.client("ec2")
     vol = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     iid = meta(tree.root, "instance-state.yaml")["instances"]["test2"]["current"]["instance_id"]
-    res = tree.play("destroy_environment.yml", environment=ENV)
+    # as an AWX job runs it: the cascade's approval names the AWX user and job, as every record does
+    res = tree.play("destroy_environment.yml", environment=ENV, awx_user_name="carol", awx_job_id=77,
+                    awx_workflow_job_id=70)
     assert res.returncode == 0, tail(res)
     out = text(res)
     plans = re.findall(r"([\w-]+): Plan: (\d+) to add, (\d+) to change, (\d+) to destroy", out)
@@ -98,5 +100,7 @@ def test_the_cascade_destroys_leaves_first(tree):
     event = [e for e in approvals[0]["events"] if e.get("kind") == "cascade approved"][0]
     assert event["root"] == "environment %s" % ENV and event["detail"].startswith("auto-approve")
     assert "instance-image-open-tofu: module.instance_test2" in event["detail"]
+    who = approvals[0]["who"]
+    assert (who.get("awx_user_name"), who.get("awx_job_id"), who.get("awx_workflow_job_id")) == ("carol", "77", "70"), who
     later = [d for d in trail if d["revision"] > approvals[0]["revision"] and d.get("changes")]
     assert later, "no phase recorded after the approval"

@@ -9,7 +9,9 @@ ignores permission bits, not the attribute), then ``storage.yml`` runs for real 
 apply flag on. It used to create the volume, then fail at the record with ``cannot write:
 Operation not permitted``. Now the run's preflight (``csis.infra.csis_preflight``, before
 anything is rendered) stops it, naming the directory; nothing is rendered, planned or
-created at the endpoint, and nothing is left in the directory.
+created at the endpoint, and nothing is left in the directory. An AWX plan job
+(``csis_phase=plan``), which writes its plan receipts and holds the run lock, is stopped the
+same way.
 """
 from __future__ import annotations
 
@@ -45,16 +47,21 @@ def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint
     try:
         run = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
                                log=os.path.join(str(tmp_path), "storage.log"))
+        # an AWX plan job writes its plan receipts and holds the run lock: refused the same way
+        plan_job = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
+                                    extra_vars={"csis_phase": "plan"}, log=os.path.join(str(tmp_path), "plan-job.log"))
     finally:
         _chattr("-i", meta_dir)
-    assert run.rc != 0, run.tail()
-    flat = " ".join(run.out.split())
-    assert ("meta-state: the directory %s cannot be written: Operation not permitted; a real run records in "
-            "meta-state what it applies, so it stops before planning anything" % meta_dir) in flat, run.tail()
-    assert "TASK [csis.infra.render : Refuse to start while the last state query found HARD drift" in run.out
-    # stopped before the render: nothing rendered, planned, applied or recorded
-    assert "TASK [csis.infra.render : Render the storage roots]" not in run.out
-    assert "Plan to a plan file" not in run.out and "Apply exactly that plan file" not in run.out
+    for run in (run, plan_job):
+        assert run.rc != 0, run.tail()
+        flat = " ".join(run.out.split())
+        assert ("meta-state: the directory %s cannot be written: Operation not permitted; a real run records in "
+                "meta-state what it applies (a plan job its plan receipts), so it stops before planning anything"
+                % meta_dir) in flat, run.tail()
+        assert "TASK [csis.infra.render : Refuse to start while the last state query found HARD drift" in run.out
+        # stopped before the render: nothing rendered, planned, applied or recorded
+        assert "TASK [csis.infra.render : Render the storage roots]" not in run.out
+        assert "Plan to a plan file" not in run.out and "Apply exactly that plan file" not in run.out
     assert not os.path.exists(os.path.join(root, "generated", "storage"))
     assert os.listdir(meta_dir) == []
     # nothing at the endpoint: no new volume, no state object under the tree's key

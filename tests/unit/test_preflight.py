@@ -216,7 +216,7 @@ def test_an_immutable_meta_state_directory_refuses_naming_it(tmp_path, immutable
                               % os.path.join(root, "meta-state"))
     with pytest.raises(preflight.PreflightError, match="make it writable"):
         preflight.preflight(root)
-    # a plan-only run never records: the reads pass
+    # a run that writes nothing (a dry run, the summary) only reads: the reads pass
     assert preflight.preflight(root, write=False)["meta_state"]["writable"] is None
 
 

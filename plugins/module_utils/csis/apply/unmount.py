@@ -15,7 +15,7 @@ file, port, known_hosts; host keys checked, batch mode, bounded in time), throug
 mounted) without any remote call.
 
 The unmount is deliberately not forceful: processes holding the mount are listed, not
-killed, and there is no lazy unmount; a busy mount fails the step and nothing is planned.
+killed, and there is no lazy unmount; a busy mount fails the step and nothing is applied.
 """
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ from .backends import require_tree
 from .store import FILES, MetaState, MetaStateError, NotWritable
 
 #: what a refusal over meta-state adds: why it matters before anything runs
-NOT_WRITABLE = ("a real run records in meta-state what it applies, so it stops before planning anything; "
+NOT_WRITABLE = ("a real run records in meta-state what it applies (a plan job its plan receipts), so it stops "
+                "before planning anything; "
                 "make it writable (its permissions, a read-only mount, chattr -i) and run again")
 
 
