@@ -4,7 +4,9 @@
 """``upgrade_instance.yml -e cancel=true`` (real ansible-playbook, no network): the pending
 replacement marker an upgrade left (a dry or apply-less run keeps it, and every later real run
 would replace the instance) is removed, the change log says so, and no lifecycle runs. Before,
-no playbook or module could remove it; forget.yml drops the whole launch record."""
+no playbook or module could remove it; forget.yml drops the whole launch record. ``--check`` runs
+to its end and changes nothing (``csis_upgrade`` does not run in check mode; the playbook used to
+fail on its skipped result)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +24,7 @@ def play(root, *extra):
     argv = [e2e.PLAYBOOK_BIN, os.path.join(e2e.REPO, "playbooks", "upgrade_instance.yml"),
             "-e", "csis_config_root=" + root, "-e", "instance=test2"]
     for x in extra:
-        argv += ["-e", x]
+        argv += [x] if x.startswith("--") else ["-e", x]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(e2e.REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     res = subprocess.run(argv, cwd=e2e.REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     return res.returncode, " ".join((res.stdout + res.stderr).split())
@@ -35,6 +37,13 @@ def test_a_pending_upgrade_is_cancelled_and_no_lifecycle_runs(tmp_path):
                                    "upgrades": []})
     from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
     record.mark_upgrade(root, "test2", "r1", to="ami-2")
+    before = e2e.meta_state_digest(root)
+
+    # check mode: the playbook runs to its end, says the marker is left alone, and changes nothing
+    rc, out = play(root, "cancel=true", "--check")
+    assert rc == 0, out
+    assert "test2: check mode: the marker is neither written nor removed" in out, out
+    assert e2e.meta_state_digest(root) == before
 
     rc, out = play(root, "cancel=true")
     assert rc == 0, out
