@@ -21,6 +21,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import asyncjob
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import masked_outputs
 
 display = Display()
 
@@ -103,6 +104,8 @@ class ActionModule(ActionBase):
         for key in ("started", "finished", "results_file"):
             data.pop(key, None)
         data.pop("_ansible_suppress_tmpdir_delete", None)
+        if "outputs" in data:  # community.general.terraform's output -json: sensitive values in clear
+            data["outputs"] = masked_outputs(data["outputs"])
         result.update(data)
         result["seconds"] = round(time.monotonic() - started, 1)
         return result

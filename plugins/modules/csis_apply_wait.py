@@ -18,7 +18,9 @@ description:
     the job, and it runs no module per look (Ansible's own polling runs C(async_status) each time and ends up to
     a whole poll interval late).
   - Every O(interval) seconds it prints a progress line with the last line of O(log) (terraform's output as it
-    comes). It then returns the job's result as the task's own and removes the results file.
+    comes). It then returns the job's result as the task's own and removes the results file. In that result, the value of
+    every output terraform marks sensitive (or that looks like a secret) in RV(outputs) reads C((sensitive value)),
+    because C(community.general.terraform) returns C(terraform output -json), which holds them in clear.
   - The task fails as the job failed. It also fails when O(timeout) passes first. The job then goes on, and terraform's
     own bound (C(csis_apply_timeout)) stops it.
   - While the job says it runs, it looks every 2 s whether a process of the job (Ansible's C(async_wrapper)) still lives.
@@ -91,6 +93,13 @@ ansible_job_id:
   description: The job's id.
   returned: always
   type: str
+outputs:
+  description:
+    - The root's outputs after the apply, as the job's C(community.general.terraform) returned them (C(terraform output -json)),
+      with the value of every sensitive or secret-shaped output replaced by C((sensitive value)).
+  returned: when the job's result has them
+  type: dict
+  sample: {"sft_enrollment_token": {"sensitive": true, "type": "string", "value": "(sensitive value)"}}
 never_began:
   description: The job is gone and its command never started (O(log) not written since the job said C(started)).
   returned: when the job is gone before its command started

@@ -80,8 +80,16 @@ def tree(moto_endpoint, tmp_path_factory):
 
 def test_a_passing_ephemeral_is_verified_and_torn_down(tree):
     fs = prepared_root(tree.base, "good")
-    res = tree.play("instance_image.yml", csis_verify_host_vars=host_vars("eph-keep", fs))
+    # at -v, with a password among the connection variables (unused by the local connection): never shown
+    password = "sentinel-become-%s" % os.urandom(4).hex()
+    tree.env["ANSIBLE_VERBOSITY"] = "1"
+    try:
+        res = tree.play("instance_image.yml", csis_verify_host_vars=host_vars("eph-keep", fs),
+                        csis_verify_defaults={"ansible_become_password": password})
+    finally:
+        del tree.env["ANSIBLE_VERBOSITY"]
     assert res.returncode == 0, tail(res)
+    assert password not in res.stdout + res.stderr
     tf = os.path.join(tree.root, "generated/instance-image/open-tofu/instance-generation/"
                                  "open-tofu-instance-generation-instance-eph_keep.tf")
     with open(tf, encoding="utf-8") as fh:

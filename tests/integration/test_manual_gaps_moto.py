@@ -10,7 +10,8 @@ moto server.
   (``csis-mnt-data-archive``, recorded in ``facts.archive``) is restored from that snapshot,
   which is then deleted (one EBS volume, no S3 bucket: a lifecycle costs 55 s).
 * The group builder's enrollment token (an SSM SecureString) reaches the machine's user data
-  through the identity root's sensitive output, and is in no generated file or terraform output.
+  through the identity root's sensitive output, and is in no generated file, terraform output or
+  ``identity.yml`` output at ``-v`` (the apply's result shows the root's outputs, masked).
 """
 from __future__ import annotations
 
@@ -106,15 +107,22 @@ def test_the_group_builders_token_reaches_the_user_data_and_no_file(moto_endpoin
     env = terraform_env(dict(os.environ, **moto_endpoint.env))
     env.pop("TF_VAR_sft_enrollment_token", None)
     env["AWS_EC2_METADATA_DISABLED"] = "true"
-    outputs = []
-    for lc, sub in (("identity", "identity/posix-groups/identity-generation"),
-                    ("instance-image", "instance-image/open-tofu/instance-generation")):
-        service.render(root, [lc], dry_run=False, overlays=overlays, prepare=True, workers=1, extra_env=moto_endpoint.env)
-        d = os.path.join(root, "generated", sub)
-        outputs.append(_tf(env, d, "apply", "-auto-approve", "-input=false", "-no-color"))
-        if lc == "identity":
-            out = json.loads(_tf(env, d, "output", "-json").stdout)
-            assert out["sft_enrollment_token"]["sensitive"] is True and out["sft_enrollment_token"]["value"] == token
+    # the identity root through its playbook at -v, as an operator (or an AWX job, whose events keep every
+    # task's result) runs it: the apply's result holds the root's outputs, the token masked
+    runner = Runner(root, moto_endpoint)
+    runner.env["ANSIBLE_VERBOSITY"] = "1"
+    identity = runner.play("identity.yml")
+    assert identity.returncode == 0, tail(identity)
+    assert re.search(r"sft_enrollment_token:\s+sensitive: true\s+type: string\s+value: \(sensitive value\)",
+                     identity.stdout), tail(identity)
+    out = json.loads(_tf(env, os.path.join(root, "generated", "identity/posix-groups/identity-generation"),
+                         "output", "-json").stdout)
+    assert out["sft_enrollment_token"]["sensitive"] is True and out["sft_enrollment_token"]["value"] == token
+    outputs = [identity]
+    service.render(root, ["instance-image"], dry_run=False, overlays=overlays, prepare=True, workers=1,
+                   extra_env=moto_endpoint.env)
+    outputs.append(_tf(env, os.path.join(root, "generated", "instance-image/open-tofu/instance-generation"),
+                       "apply", "-auto-approve", "-input=false", "-no-color"))
     inst_dir = os.path.join(root, "generated", "instance-image/open-tofu/instance-generation")
     shown = json.loads(_tf(env, inst_dir, "show", "-json").stdout)
     mods = shown["values"]["root_module"].get("child_modules", [])

@@ -445,3 +445,24 @@ def test_run_gate_passes_refuse_create(tmp_path):
         run_gate(plan_json=str(pj), refuse_create=[VOL])
     assert exc.value.messages[0].startswith("RECORDED STORAGE WOULD BE CREATED: " + VOL)
     assert run_gate(plan_json=str(pj))["adds"] == 1
+
+
+def test_an_applys_sensitive_outputs_are_masked_and_the_others_kept():
+    """community.general.terraform returns ``terraform output -json`` after an apply, sensitive
+    values in clear; csis_apply_wait shows that result with them masked (issue: the identity
+    root's enrollment token reached the console at -v and AWX's job events)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import MASKED, masked_outputs
+
+    outputs = {
+        "sft_enrollment_token": {"sensitive": True, "type": "string", "value": "sft-enroll-0123456789"},
+        "group_gids": {"sensitive": False, "type": ["map", "number"], "value": {"coops": 2001}},
+        "leaked": {"sensitive": False, "type": "string", "value": "AKIAABCDEFGHIJKLMNOP"},
+        "odd": "not an output document",
+    }
+    shown = masked_outputs(outputs)
+    assert shown["sft_enrollment_token"] == {"sensitive": True, "type": "string", "value": MASKED}
+    assert shown["group_gids"] == outputs["group_gids"]
+    assert shown["leaked"]["value"] == MASKED  # secret-shaped, though terraform does not mark it
+    assert shown["odd"] == "not an output document"
+    assert outputs["sft_enrollment_token"]["value"] == "sft-enroll-0123456789"  # the input is not changed
+    assert masked_outputs(None) is None and masked_outputs([]) == []

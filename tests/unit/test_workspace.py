@@ -3,6 +3,7 @@
 repository in tmp as the remote, merges made with git itself in a clone of it."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -128,6 +129,25 @@ def test_the_setting_is_strict():
                 {"repo": "x", "require_merg": True}, {"repo": "x", "main_branch": "a..b"}, {}):
         with pytest.raises(ValueError):
             m.ConfigFile.model_validate({"workspace": bad})
+
+
+def test_a_refused_repository_url_never_shows_its_credentials(tmp_path):
+    """The validator's message and the setting's (read at commit time) mask the URL's userinfo, as
+    every other workspace message does; pydantic's own message would echo the token."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
+
+    bad = "https://bot:ghp_SECRETTOKEN123@git.example.org/ws.git\n"
+    with pytest.raises(ValueError) as err:
+        m.ConfigFile.model_validate({"workspace": {"repo": bad}})
+    (error,) = err.value.errors(include_url=False)
+    assert "ghp_SECRETTOKEN123" not in error["msg"] and "https://***@git.example.org" in error["msg"], error["msg"]
+    tree = tmp_path / "tree"
+    write(str(tree / "cfg" / "_config.yml"), "config:\n  id: t\nworkspace:\n  repo: %s\n" % json.dumps(bad))
+    with pytest.raises(ConfigError) as cerr:
+        ws.setting(str(tree))
+    text = str(cerr.value)
+    assert "ghp_SECRETTOKEN123" not in text and "bot" not in text, text
+    assert text.startswith("cfg/_config.yml: workspace.repo: repo 'https://***@git.example.org/ws.git\\n'"), text
 
 
 # ------------------------------------------------------------------ commit

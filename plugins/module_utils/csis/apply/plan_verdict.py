@@ -225,6 +225,23 @@ def _marked(marks: Any) -> bool:
     return False
 
 
+def masked_outputs(outputs: Any) -> Any:
+    """``terraform output -json`` as ``community.general.terraform`` returns it after an apply
+    (``{name: {sensitive, type, value}}``), with the value of every output terraform marks
+    sensitive, or that looks like a secret, replaced by :data:`MASKED`: terraform prints those
+    values in clear, and the apply's result goes to the console at ``-v`` and to AWX's job
+    events. Anything else is returned as it is."""
+    if not isinstance(outputs, Mapping):
+        return outputs
+    shown: Dict[str, Any] = {}
+    for name, output in outputs.items():
+        if isinstance(output, Mapping) and "value" in output and (
+                output.get("sensitive") or find_secrets({str(name): output.get("value")})):
+            output = dict(output, value=MASKED)
+        shown[name] = output
+    return shown
+
+
 def _shown_value(name: str, value: Any, sensitive: bool) -> str:
     if sensitive or find_secrets({name: value}):
         return MASKED

@@ -27,15 +27,15 @@ import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..config import models as m
-from ..config.loader import CONFIG_REL, read_yaml
-from ..errors import ConfigError, CsisError
+from ..config.loader import CONFIG_REL, parse_model, read_yaml
+from ..config.models import mask_url
+from ..errors import ConfigError, CsisError, Problem
 from . import binding
 
 WORKSPACE_DIR = os.path.join("generated", ".workspace")
 GIT_TIMEOUT = 300
 COMMITTER = ("csis.infra", "csis.infra@localhost")
 _REMOTE_REFS = "refs/remotes/origin/"
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@")
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
@@ -48,11 +48,6 @@ class WorkspaceRefused(CsisError):
 
 
 # ----------------------------------------------------------------------------- names
-def mask_url(text: str) -> str:
-    """``text`` with the userinfo of every URL in it (``https://user:token@host``) replaced by ``***``."""
-    return _URL_USERINFO.sub(r"\1***@", text)
-
-
 def _component(value: str, what: str) -> str:
     if not isinstance(value, str) or not _COMPONENT.match(value) or ".." in value or value.endswith((".lock", ".")):
         raise WorkspaceError("%s %r cannot name a git branch or workspace folder (letters, digits, '.', '_', '-'; "
@@ -91,7 +86,12 @@ def setting(config_root: str) -> Optional[m.WorkspaceSetting]:
     ws = (raw or {}).get("workspace")
     if ws is None:
         return None
-    return m.ConfigFile.model_validate({"workspace": ws}).workspace
+    # through the loader's messages (file and key, the URL's userinfo masked), never pydantic's own,
+    # which would echo the repository URL with its token
+    parsed = parse_model(m.ConfigFile, {"workspace": ws}, CONFIG_REL, problems)
+    if problems or parsed is None or parsed.workspace is None:
+        raise ConfigError(problems or [Problem(CONFIG_REL, "workspace", "does not validate")])
+    return parsed.workspace
 
 
 # ----------------------------------------------------------------------------- git

@@ -68,6 +68,15 @@ STORAGE_STATES = ("active", "archived", "destroyed")
 SHARE_MODES = ("2770", "2775")
 
 
+#: the userinfo of a URL (``https://user:token@``), which may hold a password or a token
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@")
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the userinfo of every URL in it (``https://user:token@host``) replaced by ``***``."""
+    return _URL_USERINFO.sub(r"\1***@", text)
+
+
 def show(value: Any) -> str:
     """A value quoted for a message: ``'name'``, or its repr when it holds quotes or
     control characters (so a message stays on one line and shows what was written)."""
@@ -326,7 +335,7 @@ class WorkspaceSetting(Strict):
     def _repo(cls, v: str) -> str:
         if not v.strip() or v.startswith("-") or any(c in v for c in "\0\n\r") or v.startswith("ext::"):
             raise ValueError("repo %s: must be a git URL or a path (not empty, no leading '-', no newline, "
-                             "no ext:: transport)" % show(v))
+                             "no ext:: transport)" % show(mask_url(v)))
         return v
 
     @field_validator("main_branch")
