@@ -90,7 +90,7 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Checks the approval as O(state=approved) would and writes nothing.
+    details: Checks the approval as O(state=approved) would and writes nothing; returns C(changed=true), as a real run would.
 notes:
   - AWX passes the identity of a job's launcher (C(awx_user_name)), not the approval node's approver, to later jobs.
     With O(distinct_approver) the apply job must be launched by another user than the plan job (docs/awx.md, "Approvals").
@@ -147,11 +147,12 @@ def _run(module, p):
     if p["state"] == "requested":
         receipt = approvals.request(p["config_root"], p["root"], p["plan_digest"], summary=p["summary"],
                                     requested_by=p["by"] or None, **common)
-        return dict(changed=not module.check_mode, receipt=receipt, where=approvals.where_of(p["config_root"], p["root"]))
+        # a real run always writes the receipt (the approval's record): check mode says it would
+        return dict(changed=True, receipt=receipt, where=approvals.where_of(p["config_root"], p["root"]))
     res = approvals.approve(p["config_root"], p["root"], p["plan_digest"], method=p["method"], approved_by=p["by"] or None,
                             pinned=p["pinned"], require_receipt=p["require_receipt"],
                             distinct_approver=p["distinct_approver"], summary=p["summary"], **common)
-    return dict(changed=not module.check_mode, **res)
+    return dict(changed=True, **res)
 
 
 RUN = ModuleRun(_run, argument_spec(

@@ -47,7 +47,7 @@ options:
     type: str
 attributes:
   check_mode:
-    details: Nothing is written.
+    details: Nothing is written; returns C(changed=true), as a real run would.
 '''
 
 EXAMPLES = r'''
@@ -74,8 +74,8 @@ DETAIL_MAX = 2000
 
 
 def _audit(module, p):
-    if module.check_mode:
-        return dict(changed=False, revision=0)
+    if module.check_mode:  # a real run always writes the record
+        return dict(changed=True, revision=0)
     event = {k: p[k] for k in ("kind", "root", "step", "lifecycle", "plan_digest") if p[k]}
     event["detail"] = (p["detail"] or "")[:DETAIL_MAX]
     context = {"root": p["root"], "run": p["run_id"], "lifecycle": p["lifecycle"], "plan_digest": p["plan_digest"]}

@@ -111,7 +111,9 @@ options:
     default: true
 notes:
   - Check mode evaluates the plan fully but does not write the binding.
-  - Diff mode returns the touched addresses before and after the plan.
+  - Diff mode returns the touched addresses before and after the plan. The gate always returns C(changed=false), and
+    Ansible's callbacks print a diff only for a changed result, so read it from the registered result (the
+    C(csis.infra.tofu_root) role's approval step prints the same changes).
   - Always returns C(changed=false).
 seealso:
   - module: csis.infra.csis_plan_binding

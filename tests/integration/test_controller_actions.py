@@ -66,6 +66,24 @@ PLAY = """\
       check_mode: true
       register: checked
 
+    - name: A receipt in check mode (a real run writes one)
+      csis.infra.csis_approval:
+        config_root: "{{ tree }}"
+        root: storage-aws-ebs
+        plan_digest: "{{ digest }}"
+        state: requested
+        summary: "Plan: 1 to add, 0 to change, 0 to destroy."
+      check_mode: true
+      register: checked_receipt
+
+    - name: An audit record in check mode (a real run writes one)
+      csis.infra.csis_audit:
+        config_root: "{{ tree }}"
+        kind: refused
+        root: storage-aws-ebs
+      check_mode: true
+      register: checked_audit
+
     - name: A receipt, written by the play's AWX user
       csis.infra.csis_approval:
         config_root: "{{ tree }}"
@@ -103,7 +121,8 @@ PLAY = """\
       ansible.builtin.copy:
         dest: "{{ out }}"
         content: "{{ {'unknown': unknown, 'required_by': required_by, 'checked': checked, 'receipt': receipt,
-                      'refused': refused, 'summary': summary, 'no_check_mode': no_check_mode} | to_json }}"
+                      'refused': refused, 'summary': summary, 'no_check_mode': no_check_mode,
+                      'checked_receipt': checked_receipt, 'checked_audit': checked_audit} | to_json }}"
         mode: "0600"
 """
 
@@ -186,7 +205,10 @@ def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_proc
     assert got["receipt"]["changed"] is True
     assert got["receipt"]["receipt"]["summary"] == "Plan: 1 to add, 0 to change, 0 to destroy."
     trail = history_report(tree, root="storage-aws-ebs")["trail"]
-    assert [doc["who"].get("awx_user_name") for doc in trail] == ["alice-from-the-play"]
+    assert [doc["who"].get("awx_user_name") for doc in trail] == ["alice-from-the-play"]  # check mode wrote nothing
+    # check mode says what a real run would do: both would write
+    assert got["checked_receipt"]["changed"] is True and got["checked_audit"]["changed"] is True
+    assert got["checked_audit"]["revision"] == 0
 
     assert got["no_check_mode"]["skipped"] is True and got["no_check_mode"]["changed"] is False
     assert got["no_check_mode"]["msg"] == "csis_upgrade does not support check mode"
