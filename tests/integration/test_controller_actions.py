@@ -67,7 +67,7 @@ PLAY = """\
       register: checked
 
     - name: A receipt in check mode (a real run writes one)
-      csis.infra.csis_approval:
+      csis.infra.csis_approval: &receipt_args
         config_root: "{{ tree }}"
         root: storage-aws-ebs
         plan_digest: "{{ digest }}"
@@ -84,13 +84,8 @@ PLAY = """\
       check_mode: true
       register: checked_audit
 
-    - name: A receipt, written by the play's AWX user
-      csis.infra.csis_approval:
-        config_root: "{{ tree }}"
-        root: storage-aws-ebs
-        plan_digest: "{{ digest }}"
-        state: requested
-        summary: "Plan: 1 to add, 0 to change, 0 to destroy."
+    - name: A receipt, written by the play's AWX user (the same arguments, not in check mode)
+      csis.infra.csis_approval: *receipt_args
       register: receipt
 
     - name: A module without check mode, in check mode
