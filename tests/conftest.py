@@ -258,7 +258,6 @@ def tf_env() -> Dict[str, str]:
 
 # ------------------------------------------------------------------ where the suite's time goes
 _FILE_SECONDS: Dict[str, float] = {}
-_FILE_CPU: Dict[str, float] = {}
 _FILE_TESTS: Dict[str, int] = {}
 #: each test's CPU by phase ({nodeid: {"setup": s, "call": s, "teardown": s}}): a module
 #: fixture's work (an applied tree) is in the setup of the first test that uses it
@@ -290,12 +289,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
 
 
 def pytest_runtest_logreport(report: Any) -> None:
-    """Sum setup, call and teardown time and CPU per test file (on the xdist controller too)."""
+    """Sum setup, call and teardown time per test file, and each test's CPU by phase (on the
+    xdist controller too); a file's CPU is its tests' sum (pytest_terminal_summary)."""
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
     for key, value in getattr(report, "user_properties", None) or ():
         if key == _CPU_KEY:
-            _FILE_CPU[path] = _FILE_CPU.get(path, 0.0) + float(value)
             phases = _TEST_CPU.setdefault(report.nodeid, {})
             phases[report.when] = phases.get(report.when, 0.0) + float(value)
     if report.when == "call":
@@ -307,30 +306,34 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     stays visible; then the 15 that used the most CPU, when those differ."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not _FILE_SECONDS:
         return
-    total, cpu = sum(_FILE_SECONDS.values()), sum(_FILE_CPU.values())
+    test_cpu = {nodeid: sum(phases.values()) for nodeid, phases in _TEST_CPU.items()}
+    file_cpu: Dict[str, float] = {}
+    for nodeid, seconds in test_cpu.items():
+        path = nodeid.split("::", 1)[0]
+        file_cpu[path] = file_cpu.get(path, 0.0) + seconds
+    total, cpu = sum(_FILE_SECONDS.values()), sum(file_cpu.values())
     terminalreporter.write_sep("=", "slowest test files (worker seconds; %.0f s in all; CPU: %.0f s, the workers' "
                                     "and what they waited for, not detached applies nor moto)" % (total, cpu))
     slowest = sorted(_FILE_SECONDS, key=lambda p: -_FILE_SECONDS[p])[:15]
     for path in slowest:
         terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
-            _FILE_SECONDS[path], _FILE_CPU.get(path, 0.0), _FILE_TESTS.get(path, 0), path))
-    hungriest = sorted(_FILE_CPU, key=lambda p: -_FILE_CPU[p])[:15]
-    if _FILE_CPU and set(hungriest) != set(slowest):
+            _FILE_SECONDS[path], file_cpu.get(path, 0.0), _FILE_TESTS.get(path, 0), path))
+    hungriest = sorted(file_cpu, key=lambda p: -file_cpu[p])[:15]
+    if file_cpu and set(hungriest) != set(slowest):
         terminalreporter.write_sep("-", "most CPU")
         for path in hungriest:
             terminalreporter.write_line("%8.1f s  %7.1f s CPU  %4d tests  %s" % (
-                _FILE_SECONDS.get(path, 0.0), _FILE_CPU[path], _FILE_TESTS.get(path, 0), path))
-    if any(sum(p.values()) >= 1.0 for p in _TEST_CPU.values()):  # not for a run of unit tests alone
+                _FILE_SECONDS.get(path, 0.0), file_cpu[path], _FILE_TESTS.get(path, 0), path))
+    if any(seconds >= 1.0 for seconds in test_cpu.values()):  # not for a run of unit tests alone
         fixtures = sum(p.get("setup", 0.0) + p.get("teardown", 0.0) for p in _TEST_CPU.values())
         terminalreporter.write_sep("-", "the 15 tests that used the most CPU (setup: their fixtures, an "
                                         "applied tree in the first test of a file; %.0f s in all setups "
                                         "and teardowns)" % fixtures)
-        for nodeid in sorted(_TEST_CPU, key=lambda n: -sum(_TEST_CPU[n].values()))[:15]:
-            if sum(_TEST_CPU[nodeid].values()) < 1.0:
+        for nodeid in sorted(test_cpu, key=lambda n: -test_cpu[n])[:15]:
+            if test_cpu[nodeid] < 1.0:
                 break
-            phases = _TEST_CPU[nodeid]
             terminalreporter.write_line("%7.1f s CPU  setup %6.1f s  %s" % (
-                sum(phases.values()), phases.get("setup", 0.0), nodeid))
+                test_cpu[nodeid], _TEST_CPU[nodeid].get("setup", 0.0), nodeid))
     log = os.environ.get("CSIS_TEST_CPU_LOG")
     if log and _TEST_CPU:  # every test's CPU by phase, as JSON (benchmarks/README.md)
         with open(log, "w", encoding="utf-8") as fh:

@@ -45,14 +45,14 @@ def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint
         pytest.skip("chattr +i does not work here (not root, or the file system has no attributes)")
     ec2 = ep.client("ec2")
     try:
-        run = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
-                               log=os.path.join(str(tmp_path), "storage.log"))
+        real = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
+                                log=os.path.join(str(tmp_path), "storage.log"))
         # an AWX plan job writes its plan receipts and holds the run lock: refused the same way
         plan_job = e2e.run_playbook("storage.yml", root, ep.env, overlays=[ep.overlay_path, e2e.APPLY_ALL],
                                     extra_vars={"csis_phase": "plan"}, log=os.path.join(str(tmp_path), "plan-job.log"))
     finally:
         _chattr("-i", meta_dir)
-    for run in (run, plan_job):
+    for run in (real, plan_job):
         assert run.rc != 0, run.tail()
         flat = " ".join(run.out.split())
         assert ("meta-state: the directory %s cannot be written: Operation not permitted; a real run records in "
