@@ -98,7 +98,10 @@ attributes:
     details: Validates and reports which roots and files would change; writes nothing and runs no terraform init.
   diff_mode:
     support: full
-    details: Shows a unified diff of every generated file that would change.
+    details:
+      - Shows a unified diff of every generated file the run writes or would write - the roots' files, the
+        vendored modules under C(generated/.modules/) and a new C(generated/.gitignore) (not a root's own file
+        list, C(.csis-manifest.json)).
 notes:
   - Terraform runs with the collection's CLI configuration (provider mirror and shared plugin cache);
     see C(docs/terraform.md).

@@ -27,6 +27,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.errors import Conf
 from ansible_collections.csis.infra.plugins.module_utils.csis.render import bundled_modules
 from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline as service
 from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import VENDORED_MODULES
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.writer import MANIFEST
 
 import render_trees as rt
 
@@ -94,6 +95,38 @@ def test_render_vendors_the_modules_once_and_roots_call_them_inside_the_tree(tmp
     assert got == bundled_modules.FILES
     # no staging debris beside it
     assert sorted(os.listdir(os.path.dirname(vendored))) == [bundled_modules.VERSION]
+
+
+def test_the_diff_shows_every_file_the_render_writes(tmp_path: Any) -> None:
+    """--diff (and --check --diff) shows the vendored modules and generated/.gitignore too, not only
+    the roots' files: what check mode predicts is what the real run then writes."""
+    root = rt.copy_tree("examples", str(tmp_path / "tree"))
+    vendored = os.path.join(root, VENDORED_MODULES)
+    gitignore = os.path.join(root, "generated", ".gitignore")
+    checked = service.render(root, rt.LIFECYCLES, dry_run=True, prepare=False, check_mode=True, want_diff=True)
+    assert not os.path.exists(os.path.join(root, "generated"))  # check mode wrote nothing
+    headers = {d["before_header"]: d for d in checked["diff"]}
+    for rel, text in bundled_modules.FILES.items():
+        entry = headers[os.path.join(vendored, *rel.split("/"))]
+        assert (entry["before"], entry["after"]) == ("", text)
+    assert headers[gitignore]["before"] == "" and headers[gitignore]["after"].startswith("# written by csis.infra")
+
+    real = service.render(root, rt.LIFECYCLES, dry_run=True, prepare=False, want_diff=True)
+    assert [d["before_header"] for d in real["diff"]] == [d["before_header"] for d in checked["diff"]]
+    written = {os.path.join(base, n) for base, _, names in os.walk(os.path.join(root, "generated")) for n in names
+               if n != MANIFEST}  # the roots' own file list: bookkeeping, not a generated file
+    assert written <= set(headers), sorted(written - set(headers))[:5]
+
+    # a hand-edited module file and a stray one: the diff shows both put back
+    edited = os.path.join(vendored, "aws_storage_ebs", "main.tf")
+    with open(edited, "a", encoding="utf-8") as fh:
+        fh.write("# edited\n")
+    with open(os.path.join(vendored, "stray.tf"), "w", encoding="utf-8") as fh:
+        fh.write("# stray\n")
+    again = service.render(root, rt.LIFECYCLES, dry_run=True, prepare=False, check_mode=True, want_diff=True)
+    assert {(d["before_header"], d["after_header"]) for d in again["diff"]} == {
+        (edited, edited), (os.path.join(vendored, "stray.tf"), "/dev/null")}
+    assert again["changed"] is True
 
 
 def test_an_explicit_module_source_base_wins(tmp_path: Any) -> None:

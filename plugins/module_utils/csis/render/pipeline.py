@@ -128,13 +128,17 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
     # generated/.modules/<version>/ (before prepare: init reads them). An explicit base wins.
     modules: Optional[Dict[str, Any]] = None
     if plans and tree.config.module_source_base is None:
-        modules = vendor_modules(tree.root, check_mode=check_mode)
+        modules = vendor_modules(tree.root, check_mode=check_mode, diff=diffs if want_diff else None)
         changed = changed or modules["changed"]
     gi = os.path.join(tree.root, "generated", ".gitignore")
-    if plans and not check_mode and not os.path.exists(gi):
-        os.makedirs(os.path.dirname(gi), exist_ok=True)
-        with open(gi, "w", encoding="utf-8") as fh:
-            fh.write(GENERATED_GITIGNORE)
+    if plans and not os.path.exists(gi):
+        changed = True
+        if want_diff:
+            diffs.append({"before_header": gi, "after_header": gi, "before": "", "after": GENERATED_GITIGNORE})
+        if not check_mode:
+            os.makedirs(os.path.dirname(gi), exist_ok=True)
+            with open(gi, "w", encoding="utf-8") as fh:
+                fh.write(GENERATED_GITIGNORE)
     commands: Dict[str, Any] = {}
     if prepare and not check_mode and plans:
         commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans + ahead],

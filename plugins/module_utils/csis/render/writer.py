@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import terraform
 from ..errors import CsisError
@@ -141,15 +141,36 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
         raise
 
 
+def _tree_present(directory: str) -> Set[str]:
+    """The files under ``directory`` (relative paths with ``/``; hidden directories left out)."""
+    present: Set[str] = set()
+    for base, dirs, names in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        present.update(os.path.relpath(os.path.join(base, n), directory).replace(os.sep, "/") for n in names)
+    return present
+
+
 def _tree_differs(directory: str, files: Mapping[str, str]) -> bool:
     """Whether ``directory`` holds other than exactly ``files`` (relative paths with ``/``)."""
     if not os.path.isdir(directory):
         return True
-    present = set()
-    for base, dirs, names in os.walk(directory):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        present.update(os.path.relpath(os.path.join(base, n), directory).replace(os.sep, "/") for n in names)
-    return present != set(files) or any(_read(os.path.join(directory, *rel.split("/"))) != text for rel, text in files.items())
+    return _tree_present(directory) != set(files) or any(
+        _read(os.path.join(directory, *rel.split("/"))) != text for rel, text in files.items())
+
+
+def tree_diff(directory: str, files: Mapping[str, str]) -> List[Dict[str, str]]:
+    """What :func:`write_tree` would change in ``directory``, one diff entry per file (in the
+    shape of :func:`compare`'s: added, changed and removed files)."""
+    present = _tree_present(directory) if os.path.isdir(directory) else set()
+    out: List[Dict[str, str]] = []
+    for rel in sorted(present | set(files)):
+        path = os.path.join(directory, *rel.split("/"))
+        cur = _read(path) if rel in present else None
+        new = files.get(rel)
+        if cur != new:
+            out.append({"before_header": path, "after_header": path if new is not None else "/dev/null",
+                        "before": cur or "", "after": new or ""})
+    return out
 
 
 def write_tree(directory: str, files: Mapping[str, str], check_mode: bool = False) -> bool:
@@ -190,12 +211,16 @@ def write_tree(directory: str, files: Mapping[str, str], check_mode: bool = Fals
     return True
 
 
-def vendor_modules(config_root: str, check_mode: bool = False) -> Dict[str, Any]:
+def vendor_modules(config_root: str, check_mode: bool = False,
+                   diff: Optional[List[Dict[str, str]]] = None) -> Dict[str, Any]:
     """Put the collection's terraform modules (:mod:`.bundled_modules`) into the tree's
     ``generated/.modules/<version>/``, where roots rendered without ``module_source_base``
     call them by relative paths. Rewritten only when they differ; other versions are kept
-    (roots of another lifecycle may still call them until re-rendered)."""
+    (roots of another lifecycle may still call them until re-rendered). With ``diff`` (a
+    list), what changes is appended to it first (:func:`tree_diff`)."""
     directory = os.path.join(config_root, VENDORED_MODULES)
+    if diff is not None:
+        diff.extend(tree_diff(directory, bundled_modules.FILES))
     changed = write_tree(directory, bundled_modules.FILES, check_mode=check_mode)
     return {"directory": directory, "version": bundled_modules.VERSION, "changed": changed}
 
