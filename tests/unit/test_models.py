@@ -105,6 +105,13 @@ def test_share_mode_accepts_the_number():
     assert s.share_mode == "2775"
 
 
+@pytest.mark.parametrize("machine_type", ["t3.micro", "c7i.metal-24xl", "u-6tb1.metal", "mac2-m2pro.metal",
+                                          "g4dn.12xlarge", "x2iezn.metal", "r7iz.metal-32xl"])
+def test_real_ec2_instance_types_are_accepted(machine_type):
+    assert m.Instance.model_validate({"name": "i", "machine_type": machine_type}).machine_type == machine_type
+    assert m.check_instance_type(machine_type, "default_machine_type") == machine_type
+
+
 def test_apply_flags():
     c = m.ConfigFlags.model_validate({"apply_storage": ["aws-ebs"], "apply_instances": None})
     assert c.apply_storage == ["aws-ebs"] and c.apply_instances is False and c.apply_identity is None

@@ -228,6 +228,18 @@ def check_account_id(v: Optional[str]) -> Optional[str]:
     return v
 
 
+#: an EC2 instance type: family and size, either with dashed parts (``t3.micro``, ``c7i.metal-24xl``,
+#: ``u-6tb1.metal``, ``mac2-m2pro.metal``)
+_INSTANCE_TYPE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*\.[a-z0-9]+(-[a-z0-9]+)*\Z")
+
+
+def check_instance_type(v: Optional[str], key: str = "machine_type") -> Optional[str]:
+    """An EC2 instance type (``machine_type``, a runtime's ``default_machine_type``); empty or None: unset."""
+    if v and not _INSTANCE_TYPE.match(v):
+        raise ValueError("%s %r is not an EC2 instance type (like 't3.medium' or 'c7i.metal-24xl')" % (key, v))
+    return v
+
+
 def check_plain_aws_name(v: Optional[str]) -> Optional[str]:
     """A plain AWS name (a machine type, an instance profile)."""
     if v is not None and not re.match(r"^[A-Za-z0-9+=,.@_-]{1,128}\Z", v):
@@ -597,8 +609,9 @@ class RuntimeBuilder(Strict):
 
     _region = field_validator("region")(classmethod(lambda cls, v: check_region(v)))
     _acct = field_validator("account_id")(classmethod(lambda cls, v: check_account_id(v)))
-    _plain = field_validator("session_instance_profile", "default_machine_type")(
-        classmethod(lambda cls, v: check_plain_aws_name(v)))
+    _plain = field_validator("session_instance_profile")(classmethod(lambda cls, v: check_plain_aws_name(v)))
+    _mt = field_validator("default_machine_type")(
+        classmethod(lambda cls, v: check_instance_type(v, "default_machine_type")))
 
     @field_validator("teardown_after")
     @classmethod
@@ -1055,12 +1068,7 @@ class Instance(Strict):
             out[m.name] = m
         return list(out.values())
 
-    @field_validator("machine_type")
-    @classmethod
-    def _mt(cls, v: str) -> str:
-        if v and not re.match(r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+\Z", v):
-            raise ValueError("machine_type %r is not an EC2 instance type (like 't3.medium')" % v)
-        return v
+    _mt = field_validator("machine_type")(classmethod(lambda cls, v: check_instance_type(v)))
 
     _az = field_validator("availability_zone")(optional(check_zone))
 
@@ -1085,7 +1093,8 @@ class DependencyConfigs(Strict):
     # checked exactly as the runtime checks the keys they seed
     _region = field_validator("region")(classmethod(lambda cls, v: check_region(v)))
     _acct = field_validator("account_id")(classmethod(lambda cls, v: check_account_id(v)))
-    _mt = field_validator("default_machine_type")(classmethod(lambda cls, v: check_plain_aws_name(v)))
+    _mt = field_validator("default_machine_type")(
+        classmethod(lambda cls, v: check_instance_type(v, "default_machine_type")))
 
 
 class HierarchyNode(Strict):
