@@ -417,6 +417,9 @@ class Tree:
     def runtime(self, ref: str) -> Optional[m.RuntimeBuilder]:
         return self._resolve(ref, self.runtimes)
 
+    def instance_builder(self, name: str) -> Optional[m.InstanceBuilder]:
+        return self._resolve(name, self.instance_builders)
+
     def instance_builder_for(self, inst: m.Instance) -> Optional[m.InstanceBuilder]:
         return self._resolve(inst.type, self.instance_builders)
 

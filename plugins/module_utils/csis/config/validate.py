@@ -467,10 +467,17 @@ class Validation:
             return  # the meta-state file did not load; its problem is reported
         on_runtime: Dict[str, Set[str]] = {}
         as_group: Dict[str, Set[str]] = {}
+        by_builder: Dict[str, Set[str]] = {}
         for name, rec in self.launched_records().items():
             rt = rec.get("runtime")
             if isinstance(rt, str) and rt and t.runtime(rt) is None and t.dangling("runtime", rt):
                 on_runtime.setdefault(rt, set()).add(name)
+            # an undeclared instance's destroy is planned in its builder's root (render/instance_roots.py):
+            # without the builder nothing would ever plan it, and the machine would run on, unrecorded
+            b = rec.get("builder")
+            if name not in t.instances and isinstance(b, str) and b and t.instance_builder(b) is None \
+                    and t.dangling("instance builder", b):
+                by_builder.setdefault(b, set()).add(name)
             g = rec.get("group")
             if isinstance(g, str) and g and g not in t.groups and t.dangling("group", g):
                 as_group.setdefault(g, set()).add(name)
@@ -480,6 +487,12 @@ class Validation:
                 "runtime '%s' cannot be undeclared while launched instances %s run on it (meta-state/launch-params.yaml): "
                 "decommission them first (undeclare them and run playbooks/instance_image.yml, or "
                 "playbooks/destroy_environment.yml), then remove the runtime" % (rt, _names(users))))
+        for b, users in sorted(by_builder.items()):
+            self.problems.append(Problem(
+                "cfg/instance-builders.yml", "instance_builders (%s)" % b,
+                "instance builder '%s' cannot be undeclared while launched instances %s it built are no longer declared "
+                "(meta-state/launch-params.yaml): its root is what plans their destroy; keep the builder until "
+                "playbooks/instance_image.yml has decommissioned them, then remove it" % (b, _names(users))))
         for g, users in sorted(as_group.items()):
             self.problems.append(Problem(
                 "groups/*.y*ml", "groups (%s)" % g,
