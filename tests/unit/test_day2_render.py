@@ -163,6 +163,22 @@ def test_archive_transitions_carry_the_trees_tag(tree):
     assert ebs.allow_destroy == ["module.storage_mnt_data"]
 
 
+@pytest.mark.parametrize("key,value", [("share_mode", "2775"), ("public_read", True)])
+def test_a_mounted_storages_share_mode_or_public_read_is_immutable_after_launch(tree, key, value):
+    """A launched instance recorded its mounts with the storage's share_mode and public_read (the launch
+    script made the group's subtree with that mode, an EFS mount names the access point those make): a
+    change is refused (N26), naming the mount and the key, as the reference manual's validator does."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
+
+    load_and_validate(tree)  # as recorded: valid
+    edit(tree, "storages/storage0.yaml",
+         lambda d: next(s for s in d["storages"] if s["name"] == "mnt_data").update({key: value}))
+    with pytest.raises(ConfigError) as refused:
+        load_and_validate(tree)
+    (problem,) = [str(p) for p in refused.value.problems if "(N26)" in str(p)]
+    assert "instance 'test2' was launched (run r1)" in problem and "mounts[mnt_data] changed: %s" % key in problem
+
+
 def test_validate_and_render_run_the_same_rules(tree):
     """N26 (launch parameters are immutable) is part of the one validation: csis_validate
     reports it, and csis_render refuses with exactly the same problems."""

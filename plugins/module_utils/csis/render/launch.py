@@ -22,6 +22,10 @@ from .hcl import template_literal
 EBS_DEVICES = ["/dev/xvd%s" % c for c in "fghijklmnopqrstuvwxyz"]
 MARKER = "/var/lib/csis/launch-applied"
 #: keys that may differ from the record without a replacement
+#: the keys of a recorded mount that a launched instance keeps (the launch script made the mount point, the
+#: group's subtree with its mode; an EFS mount names the group's access point, which its storage root replaces
+#: when share_mode changes)
+MOUNT_KEYS = ("mount_point", "type", "builder", "device", "group", "share_mode", "public_read")
 MUTABLE_KEYS = {"run", "user_data_sha256", "launched", "launched_run", "build", "machine_type", "tags",
                 "hostname", "alias", "description", "region"}
 
@@ -233,8 +237,11 @@ def immutability_problems(tree: Tree, meta: Mapping[str, Any],
         for s, x in new_m.items():
             if s not in old_m:
                 changed.append("mounts[%s] added" % s)
-            elif any(old_m[s].get(k) != x.get(k) for k in ("mount_point", "type", "builder", "device", "group")):
-                changed.append("mounts[%s] changed" % s)
+            else:
+                # a key the record has (records written before a key was recorded are not refused for it)
+                keys = [k for k in MOUNT_KEYS if k in old_m[s] and old_m[s].get(k) != x.get(k)]
+                if keys:
+                    changed.append("mounts[%s] changed: %s" % (s, ", ".join(keys)))
         if changed:
             f, k = tree.at("instance", name)
             out.append(Problem(f, k,
