@@ -24,6 +24,11 @@ description:
   - >-
     Does not fail on a failed verdict unless O(fail_on_failure); the verdict's C(message)
     is the manual's C(instance <name> failed verification: <check>: <detail>).
+  - >-
+    A machine that could not be reached (O(error)) and that EC2 reports stopped (or stopping) is not
+    verified: the task is skipped with the warning C(verify <name>: SKIPPED -- the machine is stopped ...)
+    and records nothing (a failed verdict would hold the build's release back and start an ephemeral's
+    C(teardown_after) clock). Knowing it needs O(check_booted_image).
 extends_documentation_fragment:
   - csis.infra.controller.instance
   - csis.infra.attributes.worker
@@ -80,17 +85,21 @@ EXAMPLES = r"""
 
 RETURN = r"""
 verdict:
-  description: The recorded verdict C({instance, runtime, build, run, ephemeral, time, ok, checks, evidence}).
+  description: The recorded verdict C({instance, runtime, build, run, ephemeral, time, ok, checks, evidence}); null when skipped.
   returned: success
   type: dict
 ok:
-  description: Whether every check passed.
+  description: Whether every check passed; null when skipped (a stopped machine).
   returned: success
   type: bool
 message:
-  description: The failure line (empty when ok).
+  description: The failure line (empty when ok), or the C(SKIPPED) line.
   returned: success
   type: str
+skipped:
+  description: True when the machine is stopped and nothing was verified or recorded.
+  returned: when skipped
+  type: bool
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
@@ -99,7 +108,8 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.module import (
 from ansible_collections.csis.infra.plugins.module_utils.csis.aws import root_access
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_verification
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import booted_image_check, combine, failure_message
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import (
+    booted_image_check, combine, failure_message, skipped_as_stopped)
 
 
 def _verify(module, p):
@@ -114,6 +124,10 @@ def _verify(module, p):
         except CsisError as exc:
             fail_from(module, exc)
         booted = booted_image_check(access, cur.get("instance_id"), expected, p["name_pattern"])
+    skipped = skipped_as_stopped(p["instance"], p["error"], booted)
+    if skipped:
+        module.warn(skipped)
+        return dict(changed=False, skipped=True, msg=skipped, message=skipped, ok=None, verdict=None, written=[])
     verdict = combine(p["instance"], p["on_machine"], booted, runtime=p["runtime"],
                       build=expected or (booted or {}).get("booted"), run=p["run_id"], ephemeral=p["ephemeral"],
                       error=p["error"])

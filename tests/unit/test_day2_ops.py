@@ -138,12 +138,12 @@ def test_a_missing_fs_root_fails_cleanly(tmp_path):
 
 # --------------------------------------------------------------------------- booted image
 class FakeEC2:
-    def __init__(self, booted, name="h8-dask-2"):
-        self.booted, self.name = booted, name
+    def __init__(self, booted, name="h8-dask-2", state="running"):
+        self.booted, self.name, self.state = booted, name, state
 
     def describe_instances(self, InstanceIds):
         return {"Reservations": [{"Instances": [{"InstanceId": InstanceIds[0], "ImageId": self.booted,
-                                                 "State": {"Name": "running"}}]}]}
+                                                 "State": {"Name": self.state}}]}]}
 
     def describe_images(self, ImageIds):
         return {"Images": [{"ImageId": ImageIds[0], "Name": self.name}]}
@@ -156,6 +156,20 @@ def test_booted_image_against_the_pin_or_the_name_pattern():
     assert verify.booted_image_check({}, "i-1", None, "h8-dask", client=FakeEC2("ami-1"))["ok"] is True
     assert verify.booted_image_check({}, "i-1", None, "other", client=FakeEC2("ami-1"))["ok"] is False
     assert verify.booted_image_check({}, None, "ami-1")["ok"] is False
+
+
+def test_an_unreachable_machine_that_ec2_reports_stopped_is_skipped_not_failed():
+    for state in ("stopped", "stopping"):
+        booted = verify.booted_image_check({}, "i-1", "ami-1", client=FakeEC2("ami-1", state=state))
+        assert (booted["state"], booted["instance_id"]) == (state, "i-1")
+        assert verify.skipped_as_stopped("web", "unreachable", booted) == (
+            "verify web: SKIPPED -- the machine is stopped (EC2 says i-1 is %s); nothing recorded; "
+            "start it and verify again" % state)
+    running = verify.booted_image_check({}, "i-1", "ami-1", client=FakeEC2("ami-1"))
+    assert verify.skipped_as_stopped("web", "unreachable", running) is None  # unreachable while running: a failure
+    stopped = verify.booted_image_check({}, "i-1", "ami-1", client=FakeEC2("ami-1", state="stopped"))
+    assert verify.skipped_as_stopped("web", None, stopped) is None  # it answered: its checks count
+    assert verify.skipped_as_stopped("web", "unreachable", None) is None  # no EC2 read (check_booted_image off)
 
 
 def test_verdicts_are_combined_recorded_and_read_back(tmp_path):

@@ -183,22 +183,37 @@ def booted_image_check(access: Mapping[str, Any], instance_id: Optional[str], ex
         return _check("booted image", False, "%s not found" % instance_id)
     booted = insts[0].get("ImageId")
     state = (insts[0].get("State") or {}).get("Name")
+    seen = {"booted": booted, "state": state, "instance_id": instance_id}
     if expected:
         ok = booted == expected
         return dict(_check("booted image", ok, "%s booted %s%s (%s)" % (
-            instance_id, booted, "" if ok else ", expected the pinned build %s" % expected, state)), booted=booted)
+            instance_id, booted, "" if ok else ", expected the pinned build %s" % expected, state)), **seen)
     if name_pattern:
         try:
             imgs = client.describe_images(ImageIds=[booted]).get("Images") or []
         except Exception as exc:
-            return dict(_check("booted image", False, "describe_images %s: %s" % (booted, exc)), booted=booted)
+            return dict(_check("booted image", False, "describe_images %s: %s" % (booted, exc)), **seen)
         iname = imgs[0].get("Name", "") if imgs else ""
         ok = bool(iname) and iname.startswith(name_pattern)
         return dict(_check("booted image", ok, "%s booted %s (%s)%s" % (
             instance_id, booted, iname or "unknown image",
-            "" if ok else ", which is not a build of the image (name pattern %s)" % name_pattern)), booted=booted)
-    return dict(_check("booted image", True, "%s booted %s (no pinned build to compare)" % (instance_id, booted)),
-                booted=booted)
+            "" if ok else ", which is not a build of the image (name pattern %s)" % name_pattern)), **seen)
+    return dict(_check("booted image", True, "%s booted %s (no pinned build to compare)" % (instance_id, booted)), **seen)
+
+
+#: EC2 states of a machine its operator stopped: it cannot be checked, and that is no failed build
+STOPPED = ("stopping", "stopped")
+
+
+def skipped_as_stopped(instance: str, error: Optional[str], booted: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The reference's ``verify <name>: SKIPPED -- the machine is stopped ...`` when the machine could not be
+    reached (``error``) and EC2 says it is stopped (``booted``, :func:`booted_image_check`'s): then nothing is
+    recorded, since a failed verdict would hold its build's release back and start an ephemeral's
+    ``teardown_after`` clock. None otherwise."""
+    if error and booted and booted.get("state") in STOPPED:
+        return "verify %s: SKIPPED -- the machine is stopped (EC2 says %s is %s); nothing recorded; start it and verify again" % (
+            instance, booted.get("instance_id"), booted["state"])
+    return None
 
 
 def combine(instance: str, on_machine: Optional[Mapping[str, Any]], booted: Optional[Mapping[str, Any]], *,
