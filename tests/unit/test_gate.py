@@ -176,6 +176,24 @@ def test_run_gate_plan_json(tmp_path):
     assert "terraform_data.gone\n" in ok["diff"]["before"]
 
 
+@pytest.mark.parametrize("changes,expected", [
+    (5, "resource_changes must be a list of objects, got int"),
+    ([{"address": "a.b", "change": "delete"}], "resource_changes[0] (a.b): change must be an object, got str"),
+    ([{"address": "a.b", "change": {"actions": 5}}], "resource_changes[0] (a.b): change.actions must be a list of "
+                                                       "strings, got 5"),
+    ([{"address": "a.b", "change": {"actions": [["delete"]]}}], "resource_changes[0] (a.b): change.actions must be "
+                                                                  "a list of strings, got [[\"delete\"]]"),
+    ([{"address": "a.b", "change": {"actions": ["update"], "replace_paths": 5}}],
+     "resource_changes[0] (a.b): change.replace_paths must be a list, got int"),
+])
+def test_a_malformed_plan_is_one_message_naming_the_plan(tmp_path, changes, expected):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps({"format_version": "1.2", "resource_changes": changes}))
+    with pytest.raises(GateError) as err:
+        run_gate(plan_json=str(pj))
+    assert str(err.value) == "%s: %s" % (pj, expected)
+
+
 # ----------------------------------------------------------------------------- receipts
 def _receipt(d, inst, sto, **data):
     d.mkdir(exist_ok=True)

@@ -198,10 +198,10 @@ def test_lost_update_is_refused_and_nothing_is_overwritten(tmp_path):
     data = stale.load(LP)
     data["instances"]["a"]["alias"] = "stale"
     stale.save(LP, data)
-    Path(ms.record_path(LP, "a")).write_text(store.dumps({"instances": {"a": _launch("a", alias="by hand")}}))
+    Path(ms.record_path(LP, "a")).write_text(store.dumps({"instances": {"a": _launch("a", alias="by-hand")}}))
     with pytest.raises(Conflict, match=r"meta-state/launch-params/a.yaml: changed since this transaction read it"):
         stale._commit()
-    assert ms.load(LP)["instances"]["a"]["alias"] == "by hand"
+    assert ms.load(LP)["instances"]["a"]["alias"] == "by-hand"
 
 
 def test_history_filters_and_record_as_of_a_revision(tmp_path):
@@ -267,3 +267,42 @@ def test_who_names_awx_when_it_passed_its_ids():
     out = backends.who({"CSIS_AWX_JOB_ID": "42", "AWX_USER_NAME": "alice", "CSIS_AWX_WORKFLOW_JOB_ID": "7"})
     assert out["awx_job_id"] == "42" and out["awx_user_name"] == "alice" and out["awx_workflow_job_id"] == "7"
     assert "awx_job_id" not in backends.who({})
+
+
+@pytest.mark.parametrize("old,new,expected", [
+    ("who:\n  host: vm", "who: someone\nwas:\n  host: vm", "'who' must be a mapping, got string"),
+    ("context: {}", "context: x", "'context' must be a mapping, got string"),
+    ("revision: 1", "revision: one", "'revision' must be a revision number, got string"),
+    ("  key: d\n", "  key: 5\n", "'changes[0].key' must be a string, got integer"),
+    ("diff:\n  - '<record>", "diff:\n  - 5\n  - '<record>", "'changes[0].diff' must be a list of strings, got list"),
+])
+def test_an_audit_record_with_a_damaged_field_is_refused_naming_it(tmp_path, old, new, expected):
+    """csis_history walks the audit records' fields: a damaged one is a message naming the record, not a
+    TypeError from the middle of the history."""
+    ms = _ms(tmp_path)
+    with ms.transaction("t") as txn:
+        txn.save("storage-state.yaml", {"storages": {"d": {"state": "active", "generation": 1}}})
+    path = Path(ms.dir, "audit", "00000001.yaml")
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(MetaStateError) as err:
+        store.history_report(ms.config_root, storage="d")
+    assert str(err.value) == "meta-state/audit/00000001.yaml: %s; %s" % (expected, store.DAMAGED)
+
+
+def test_a_damaged_reader_cache_is_read_past(tmp_path, monkeypatch):
+    """The parse cache is derived data in the user's cache directory: a cached text that does not parse,
+    or that holds what a record may not, is read past (every record parsed again), never trusted."""
+    monkeypatch.setattr(store, "CACHE_MIN", 3)
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save(LP, {"instances": {"n%d" % i: _launch("x") for i in range(5)}})
+    want = ms.load(LP)
+    (cache,) = [os.path.join(d, f) for d, _s, fs in os.walk(str(tmp_path / "reader-cache")) for f in fs]
+    doc = json.load(open(cache))
+    for damage in (json.dumps(_launch("x", launched="yes")), "{not json"):
+        doc["records"]["n2"][1] = damage
+        with open(cache, "w") as fh:
+            json.dump(doc, fh)
+        assert MetaState(ms.config_root).load(LP) == want

@@ -178,6 +178,21 @@ def meta_loader() -> Any:
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
     MetaLoader.add_constructor(_TIMESTAMP, yaml.SafeLoader.construct_yaml_str)
+
+    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Dict[Any, Any]:
+        # csis.infra never writes a key twice: a second one (a hand edit) would silently win
+        loader.flatten_mapping(node)
+        seen = set()
+        for key_node, _value in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        "found duplicate key %r" % (key_node.value,), key_node.start_mark)
+                seen.add(key_node.value)
+        return loader.construct_mapping(node, deep=deep)
+
+    MetaLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     return MetaLoader
 
 

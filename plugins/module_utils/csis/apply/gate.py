@@ -35,6 +35,14 @@ def approver_view(verdict: PlanVerdict) -> Dict[str, Any]:
                                   "attributes": d.get("attributes") or []} for d in verdict.details]}
 
 
+def _evaluate(source: str, plan: Any, allow: List[str], refuse_create: Any, required_tags: Any) -> Any:
+    """:func:`.plan_verdict.evaluate_plan`, a plan it cannot read named by where it came from."""
+    try:
+        return evaluate_plan(plan, allow, refuse_create, required_tags)
+    except GateError as exc:
+        raise GateError("%s: %s" % (source, exc)) from exc
+
+
 def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None, *,
              plan_json: Optional[str] = None, binary_path: str = "terraform",
              allow_destroy: Iterable[str] = (), require_unmounted: Iterable[str] = (),
@@ -68,7 +76,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
                 plan = json.load(fh)
         except (OSError, ValueError) as exc:
             raise GateError("cannot read plan JSON %s: %s" % (plan_json, exc))
-        verdict = evaluate_plan(plan, allow, refuse_create, required_tags)
+        verdict = _evaluate(plan_json, plan, allow, refuse_create, required_tags)
         result.update(verdict.as_result())
         result["diff"] = plan_diff(verdict)
         result["plan_digest"] = plan_content_digest(plan)
@@ -113,7 +121,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     sha_after = sha256_file(plan_path)
     if sha_before != sha_after:
         refuse(problems + ["STALE PLANFILE: %s changed while the gate read it" % plan_file])
-    verdict = evaluate_plan(plan, allow, refuse_create, required_tags)
+    verdict = _evaluate("%s (terraform show -json)" % plan_file, plan, allow, refuse_create, required_tags)
     result.update(verdict.as_result())
     result["diff"] = plan_diff(verdict)
     result["plan_sha256"] = sha_after

@@ -158,14 +158,27 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
     refuse = [e for e in refuse_create or () if e]
     required = [t for t in required_tags or () if t]
     verdict = PlanVerdict()
-    for rc in plan.get("resource_changes") or []:
+    changes = plan.get("resource_changes") or []
+    if not isinstance(changes, list):
+        raise GateError("resource_changes must be a list of objects, got %s" % type(changes).__name__)
+    for index, rc in enumerate(changes):
         if not isinstance(rc, Mapping):
             raise GateError("resource_changes holds a non-object: %r" % (rc,))
         address = rc.get("address")
-        change = rc.get("change") or {}
-        actions = list(change.get("actions") or [])
         if not isinstance(address, str) or not address:
             raise GateError("a resource change has no address: %r" % (rc,))
+        change = rc.get("change") or {}
+        if not isinstance(change, Mapping):
+            raise GateError("resource_changes[%d] (%s): change must be an object, got %s"
+                            % (index, address, type(change).__name__))
+        raw_actions = change.get("actions") or []
+        if not isinstance(raw_actions, list) or not all(isinstance(a, str) for a in raw_actions):
+            raise GateError("resource_changes[%d] (%s): change.actions must be a list of strings, got %s"
+                            % (index, address, json.dumps(raw_actions, default=str)))
+        if not isinstance(change.get("replace_paths") or [], list):
+            raise GateError("resource_changes[%d] (%s): change.replace_paths must be a list, got %s"
+                            % (index, address, type(change["replace_paths"]).__name__))
+        actions = list(raw_actions)
         deposed = rc.get("deposed")
         shown = address + (" (deposed object %s)" % deposed if deposed else "")
         unknown = [a for a in actions if a not in KNOWN_ACTIONS]

@@ -38,6 +38,7 @@ import glob
 import json
 import os
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -264,9 +265,16 @@ class LocalObjects:
     def get(self, rel: str) -> Tuple[Optional[bytes], Optional[str]]:
         """(the bytes of object ``rel`` or None when it does not exist, its version)."""
         try:
-            with open(self.path(rel), "rb") as handle:
-                raw = handle.read()
-                return raw, signature(os.fstat(handle.fileno()))
+            # O_NONBLOCK: a FIFO put in the folder must not hang the reader (regular files ignore the flag)
+            fd = os.open(self.path(rel), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            with os.fdopen(fd, "rb") as handle:
+                st = os.fstat(handle.fileno())
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "Is a directory")
+                if not stat.S_ISREG(st.st_mode):
+                    raise MetaStateError("%s: is not a regular file (a FIFO, a device or a socket): meta-state "
+                                         "holds only files csis.infra wrote; remove it" % self.label(rel))
+                return handle.read(), signature(st)
         except FileNotFoundError:
             return None, None
         except NotADirectoryError:

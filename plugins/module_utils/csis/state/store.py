@@ -177,14 +177,35 @@ def _expect_int(name: str, where: str, value: Any) -> None:
         raise _fail(name, where, "must be an integer, got %s" % _kind(value))
 
 
-def _entries(name: str, top: str, value: Dict[str, Any]) -> Iterator[Tuple[str, str, Dict[str, Any]]]:
-    """Yield (entry name, location label, entry) for a name -> record mapping."""
+def _entries(name: str, top: str, value: Dict[str, Any],
+             names: bool = True) -> Iterator[Tuple[str, str, Dict[str, Any]]]:
+    """Yield (entry name, location label, entry) for a name -> record mapping. With ``names`` (the
+    records of instances and storages) every key must be a record name, as a write requires: a
+    key that could leave a folder or break a line is refused where it is read, not at the first write."""
     for key, entry in value.items():
-        where = "%s.%s" % (top, key)
         if not isinstance(key, str):
             raise _fail(name, "", "key %r under '%s' must be a string, got %s" % (key, top, _kind(key)))
+        if names and not NAME_RE.match(key):
+            raise _fail(name, "'%s.%s'" % (top, key if key.isprintable() else repr(key)[1:-1]),
+                        "is not a record name (letters, digits, '_', '.', '-', starting with a letter or digit, at "
+                        "most 63 characters): no instance or storage has it; %s" % DAMAGED)
+        where = "%s.%s" % (top, key)
         _expect_mapping(name, "'%s'" % where, entry)
         yield key, where, entry
+
+
+def _expect_str(name: str, where: str, value: Any, pattern: Optional[Any] = None, what: str = "") -> None:
+    """A string (and, with ``pattern``, one that matches it: ``what`` says what it must be)."""
+    if not isinstance(value, str):
+        raise _fail(name, where, "must be a string, got %s" % _kind(value))
+    if pattern is not None and not pattern.match(value):
+        raise _fail(name, where, "must be %s, got %r; %s" % (what, value, DAMAGED))
+
+
+#: an AMI id, as EC2 writes it
+AMI_RE = re.compile(r"^ami-[0-9A-Za-z]{1,32}\Z")
+#: a recorded hostname or alias (a host name in the inventory): a name, as the alias pool draws them
+HOST_RE = NAME_RE
 
 
 def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
@@ -218,17 +239,40 @@ def _check_open_generation(name: str, where: str, cur: Dict[str, Any], gen: Any)
                     "record contradicts itself; %s" % (number, kind, counter, DAMAGED))
 
 
+#: the string fields of a launch record (null where unset)
+_LAUNCH_STRINGS = ("build", "launched_run", "image", "group", "runtime", "builder", "machine_type", "region",
+                   "session", "identity_type", "run", "user_data_sha256", "description")
+#: the fields of a recorded mount and their checks (null where unset)
+_MOUNT_STRINGS = ("type", "builder", "mount_point", "group", "share_mode", "device")
+
+
 def _validate_launch_params(name: str, instances: Dict[str, Any]) -> None:
     for _key, where, entry in _entries(name, "instances", instances):
-        if "launched" in entry and not isinstance(entry["launched"], bool):
-            raise _fail(name, "'%s.launched'" % where, "must be true or false, got %s" % _kind(entry["launched"]))
-        for key in ("hostname", "build", "launched_run"):
-            if entry.get(key) is not None and not isinstance(entry[key], str):
-                raise _fail(name, "'%s.%s'" % (where, key), "must be a string, got %s" % _kind(entry[key]))
+        for key in ("launched", "ephemeral"):
+            if key in entry and not isinstance(entry[key], bool):
+                raise _fail(name, "'%s.%s'" % (where, key), "must be true or false, got %s" % _kind(entry[key]))
+        for key in _LAUNCH_STRINGS:
+            if entry.get(key) is not None:
+                _expect_str(name, "'%s.%s'" % (where, key), entry[key])
+        for key in ("hostname", "alias"):
+            if entry.get(key) is not None:
+                _expect_str(name, "'%s.%s'" % (where, key), entry[key], HOST_RE, "a host name")
+        if entry.get("tags") is not None:
+            _expect_mapping(name, "'%s.tags'" % where, entry["tags"])
+            for tag, value in entry["tags"].items():
+                if not isinstance(tag, str) or not isinstance(value, str):
+                    raise _fail(name, "'%s.tags'" % where, "must map strings to strings, got %r: %s" % (tag, _kind(value)))
         if entry.get("mounts") is not None:
             _expect_list(name, "'%s.mounts'" % where, entry["mounts"])
             for index, mount in enumerate(entry["mounts"]):
-                _expect_mapping(name, "'%s.mounts[%d]'" % (where, index), mount)
+                at = "'%s.mounts[%d]" % (where, index)
+                _expect_mapping(name, at + "'", mount)
+                _expect_str(name, at + ".storage'", mount.get("storage"), NAME_RE, "a storage name")
+                for key in _MOUNT_STRINGS:
+                    if mount.get(key) is not None:
+                        _expect_str(name, at + ".%s'" % key, mount[key])
+                if mount.get("public_read") is not None and not isinstance(mount["public_read"], bool):
+                    raise _fail(name, at + ".public_read'", "must be true or false, got %s" % _kind(mount["public_read"]))
 
 
 def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
@@ -252,6 +296,10 @@ def _validate_pins(name: str, data: Dict[str, Any]) -> None:
         if not isinstance(key, str) or not isinstance(build, str):
             raise _fail(name, "'instances.%s'" % key, "must map an instance name to an AMI id "
                         "string, got %s" % _kind(build))
+        if not NAME_RE.match(key):
+            raise _fail(name, "'instances.%s'" % (key if key.isprintable() else repr(key)[1:-1]),
+                        "is not a record name: no instance has it; %s" % DAMAGED)
+        _expect_str(name, "'instances.%s'" % key, build, AMI_RE, "an AMI id (ami-<hex>)")
     for _entry in _entries(name, "pending_replacements", data["pending_replacements"]):
         pass
 
@@ -268,12 +316,16 @@ def _validate_image_tests(name: str, builds: Dict[str, Any]) -> None:
 
 
 def _validate_receipts(name: str, roots: Dict[str, Any]) -> None:
-    for _key, where, entry in _entries(name, "roots", roots):
+    for _key, where, entry in _entries(name, "roots", roots, names=False):
         plans = entry.get("plans")
         if plans is not None:
             _expect_mapping(name, "%s.plans" % where, plans)
             for digest, receipt in plans.items():
                 _expect_mapping(name, "%s.plans.%s" % (where, digest), receipt)
+                if receipt.get("approvals") is not None:
+                    _expect_list(name, "%s.plans.%s.approvals" % (where, digest), receipt["approvals"])
+                    for i, approval in enumerate(receipt["approvals"]):
+                        _expect_mapping(name, "%s.plans.%s.approvals[%d]" % (where, digest, i), approval)
 
 
 #: the fields of a HARD drift line kept in ``drift.yaml`` (drift.py ``_line`` less ``hard``)
@@ -292,9 +344,14 @@ def _validate_drift(name: str, data: Dict[str, Any]) -> None:
             raise _fail(name, "top-level key '%s'" % key, "must be a string, got %s" % _kind(data[key]))
 
 
-def _validate_name_map(name: str, top: str, value: Dict[str, Any]) -> None:
-    for _entry in _entries(name, top, value):
-        pass
+def _validate_storage_model(name: str, storages: Dict[str, Any]) -> None:
+    """The storages' read-model: the lists its readers and the recorder walk."""
+    for _key, where, entry in _entries(name, "storages", storages):
+        for key in ("attachments", "allowed_groups"):
+            if entry.get(key) is not None:
+                _expect_list(name, "'%s.%s'" % (where, key), entry[key])
+                for i, item in enumerate(entry[key]):
+                    _expect_str(name, "'%s.%s[%d]'" % (where, key, i), item)
 
 
 _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
@@ -302,7 +359,7 @@ _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
     "instance-state.yaml": lambda n, d: _validate_instance_state(n, d["instances"]),
     "pins.yaml": _validate_pins,
     "storage-state.yaml": lambda n, d: _validate_storage_state(n, d["storages"]),
-    "storage.yaml": lambda n, d: _validate_name_map(n, "storages", d["storages"]),
+    "storage.yaml": lambda n, d: _validate_storage_model(n, d["storages"]),
     "image-tests.yaml": lambda n, d: _validate_image_tests(n, d["builds"]),
     "plan-receipts.yaml": lambda n, d: _validate_receipts(n, d["roots"]),
     "drift.yaml": _validate_drift,
@@ -739,6 +796,8 @@ class MetaState:
         # file -> record key -> (version, JSON text): a record is parsed once per version
         self._texts: Dict[str, Dict[str, Tuple[str, str]]] = {}
         self._disk_tried: set = set()
+        #: file name -> whether record texts came from the parse cache on disk (checked once assembled)
+        self._from_disk: Dict[str, bool] = {}
 
     # -- where -----------------------------------------------------------------
     @property
@@ -836,6 +895,7 @@ class MetaState:
                 if doc.get("format") == _CACHE_FORMAT and isinstance(doc.get("records"), dict):
                     for key, (version, text) in doc["records"].items():
                         texts.setdefault(key, (version, text))
+                    self._from_disk[name] = True
             except (OSError, ValueError, TypeError, AttributeError):
                 pass
         return texts
@@ -857,6 +917,17 @@ class MetaState:
             # not migrated yet (or restored by hand): the whole file is what meta-state says
             data = self._decode(name, legacy_raw)
             return _Read(data, True, raw=legacy_raw, version=legacy_version, legacy=True)
+        try:
+            return self._read_records(name)
+        except (ValueError, MetaStateError):
+            if not self._from_disk.get(name):
+                raise
+            # the parse cache (derived data in the user's cache directory) was damaged: read every record again
+            self._texts.pop(name, None)
+            self._from_disk[name] = False
+            return self._read_records(name)
+
+    def _read_records(self, name: str) -> _Read:
         top = KEYED[name]
         listing = self.objects.listing(stem(name))
         known = self._cached(name, len(listing))
@@ -889,6 +960,8 @@ class MetaState:
         keys = sorted(texts)
         # one parse of every record's text (30,000 records: a third of the time of one parse each)
         data: Dict[str, Any] = {top: dict(zip(keys, json.loads("[%s]" % ",".join(texts[k][1] for k in keys))))}
+        if self._from_disk.get(name):
+            validate(name, data)  # texts from the parse cache on disk: checked as a parse would have
         data.update(copy.deepcopy(rest[1]))
         for other, kind in FILES[name]:
             data.setdefault(other, kind())
@@ -1062,7 +1135,7 @@ class MetaState:
                 raise ValueError(number)
             # a commit that crashed after its marker may have used the next number: never reuse it
             number = max(number, int(doc.get("committing") or 0))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as exc:
             raise MetaStateError("%s: is not a revision record ({\"revision\": <number>, ...}); %s"
                                  % (self._label_of(REVISION), DAMAGED)) from exc
         return number, version
@@ -1617,7 +1690,32 @@ def _audit_doc(ms: MetaState, rel: str, raw: bytes) -> Dict[str, Any]:
                              % (label, str(exc) or type(exc).__name__, DAMAGED)) from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("changes"), list):
         raise MetaStateError("%s: is not an audit record; %s" % (label, DAMAGED))
+    _audit_shape(label, doc)
     return doc
+
+
+def _audit_shape(label: str, doc: Mapping[str, Any]) -> None:
+    """The fields of an audit record its readers walk (history, ``as of`` a revision)."""
+    def bad(where: str, what: str, value: Any) -> MetaStateError:
+        return MetaStateError("%s: %s must be %s, got %s; %s" % (label, where, what, _kind(value), DAMAGED))
+
+    revision = doc.get("revision")
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        raise bad("'revision'", "a revision number", revision)
+    for key in ("who", "context"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise bad("'%s'" % key, "a mapping", doc[key])
+    for key in ("changes", "events"):
+        for i, item in enumerate(doc.get(key) or []):
+            if not isinstance(item, dict):
+                raise bad("'%s[%d]'" % (key, i), "a mapping", item)
+    for i, change in enumerate(doc["changes"]):
+        for key in ("action", "file", "key"):
+            if change.get(key) is not None and not isinstance(change[key], str):
+                raise bad("'changes[%d].%s'" % (i, key), "a string", change[key])
+        diff = change.get("diff")
+        if diff is not None and not (isinstance(diff, list) and all(isinstance(d, str) for d in diff)):
+            raise bad("'changes[%d].diff'" % i, "a list of strings", diff)
 
 
 _INSTANCE_FILES = ("launch-params.yaml", "instance-state.yaml", "pins.yaml", "verifications.yaml")
