@@ -189,3 +189,17 @@ def test_a_whole_file_change_is_audited_with_its_diff(tmp_path):
         txn.save("runs.yaml", data)
     change = audit_trail(ms)[-1]["changes"][0]
     assert change["file"] == "runs.yaml" and change["action"] == "changed" and change["diff"]
+
+
+def test_the_tree_tag_the_machine_carries_is_recorded_from_the_state(tmp_path):
+    """meta-state keeps the csis_config tag the applied resource carries (validate compares it with the
+    tree's name: test_validate.py), taken from the state, never from the configuration."""
+    ms = _ms(tmp_path)
+    state = _state(n0="i-0")
+    state["resources"][0]["instances"][0]["attributes"]["tags_all"] = {"csis_config": "team-a", "Name": "n0"}
+    record.record_instance_root(ms, _instance_root("n0"), state, "r1")
+    assert ms.load(IS)["instances"]["n0"]["current"]["csis_config"] == "team-a"
+    assert "csis_config" not in record.record_instance_root(ms, _instance_root("n1"), _state(n1="i-1"), "r2") and \
+        "csis_config" not in ms.load(IS)["instances"]["n1"]["current"]  # an untagged machine: nothing claimed
+    assert record.tree_tag({"attributes": {"tags": {"csis_config": "x"}}}) == "x"
+    assert record.tree_tag({"attributes": {"tags": None}}) is None and record.tree_tag(None) is None

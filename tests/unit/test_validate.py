@@ -136,3 +136,33 @@ def test_an_unreadable_store_is_named_once(example, monkeypatch):
         load_and_validate(example, run_version=corpus.version_stub({}))
     store = [p for p in err.value.problems if p.file.startswith("s3://")]
     assert len(store) == 1 and "cannot read" in store[0].message, err.value.problems
+
+
+@pytest.mark.parametrize("with_id", [True, False])
+def test_a_tree_whose_name_is_not_the_tag_its_resources_carry_is_refused(tmp_path, with_id):
+    """The tree's name is the csis_config tag of every resource and part of each EFS creation token:
+    checked out under another directory name without id: (an AWX project), or with its id changed, it
+    would re-tag everything and replace every EFS filesystem. meta-state records the tag each applied
+    storage and machine carries; validate names the id: to set."""
+    root = corpus.copy_examples(str(tmp_path / "awx_project_8"))
+    if not with_id:
+        corpus.apply_mutation(root, {"file": "cfg/_config.yml", "replace_text": {"\nid: csis-example\n": "\n"}})
+    corpus.write_meta(root, {
+        "storage-state.yaml": {"storages": {"mnt_data": {"state": "active", "generation": 1, "facts": {
+            "builder": "aws-ebs", "type": "ebs", "volume_id": "vol-1", "csis_config": "csis-example-old"}}}},
+    })
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(root, run_version=corpus.version_stub({}))
+    (problem,) = [p for p in err.value.problems if p.key == "id"]
+    mine = "csis-example" if with_id else os.path.basename(root).lower()
+    where = "its id" if with_id else "its directory's name (cfg/_config.yml sets no id:)"
+    assert (problem.file, problem.message) == ("cfg/_config.yml", (
+        "the tree names itself '%s' (from %s), but its applied resources carry csis_config 'csis-example-old' "
+        "(storage mnt_data, meta-state): its plans would re-tag every resource and replace every EFS filesystem "
+        "(the name is part of the creation token); set `id: csis-example-old` in cfg/_config.yml" % (mine, where)))
+    # what the message says to do
+    text = open(os.path.join(root, "cfg", "_config.yml"), encoding="utf-8").read()
+    text = text.replace("\nid: csis-example\n", "\n") if with_id else text
+    with open(os.path.join(root, "cfg", "_config.yml"), "w", encoding="utf-8") as fh:
+        fh.write(text.replace("\nconfig:", "\nid: csis-example-old\nconfig:", 1))
+    load_and_validate(root, run_version=corpus.version_stub({}))

@@ -499,6 +499,32 @@ class Validation:
                 "group '%s' cannot be undeclared (its identity root would destroy it) while launched instances %s run "
                 "as it (meta-state/launch-params.yaml): decommission them first, then remove the group" % (g, _names(users))))
 
+    def tree_name(self) -> None:
+        """The tree's name (``id:``, else its directory's name) is the ``csis_config`` tag of every
+        resource and part of each EFS creation token: once applied, it must stay what the resources
+        carry (meta-state records it per storage and machine, from the applied state). A tree without
+        ``id:`` checked out under another directory name (an AWX project, a second clone) would
+        otherwise re-tag every resource and replace every EFS filesystem."""
+        t = self.t
+        mine = t.resource_tag()["csis_config"]
+        carried: Dict[str, Set[str]] = {}
+        for name, rec in ((self.meta.get("storage-state.yaml") or {}).get("storages") or {}).items():
+            tag = (rec.get("facts") or {}).get("csis_config") if rec.get("state") in ("active", "archived") else None
+            if isinstance(tag, str) and tag and tag != mine:
+                carried.setdefault(tag, set()).add("storage %s" % name)
+        for name, rec in ((self.meta.get("instance-state.yaml") or {}).get("instances") or {}).items():
+            tag = (rec.get("current") or {}).get("csis_config")
+            if isinstance(tag, str) and tag and tag != mine:
+                carried.setdefault(tag, set()).add("instance %s" % name)
+        for tag, users in sorted(carried.items()):
+            where = "its id" if t.config_file.id else "its directory's name (cfg/_config.yml sets no id:)"
+            self.problems.append(Problem(
+                "cfg/_config.yml", "id",
+                "the tree names itself '%s' (from %s), but its applied resources carry csis_config '%s' (%s, "
+                "meta-state): its plans would re-tag every resource and replace every EFS filesystem (the name is "
+                "part of the creation token); set `id: %s` in cfg/_config.yml"
+                % (mine, where, tag, ", ".join(sorted(users)[:5]) + (", ..." if len(users) > 5 else ""), tag)))
+
     def policies(self) -> None:
         for inst in self.t.instances.values():
             if inst.image_policy not in ("pinned", "follow"):
@@ -763,6 +789,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.lifecycles()
     v.state_machine()
     v.destroy_rules()
+    v.tree_name()
     v.policies()
     v.zones()
     v.remote_state_needs()

@@ -111,6 +111,9 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
                             break
                 if b:
                     facts["bucket_name"] = b["attributes"].get("bucket") or facts.get("bucket_name")
+                tag = tree_tag(vol or fs or b)
+                if tag:
+                    facts["csis_config"] = tag  # the tree's tag the resource carries (validate compares it)
                 if cur == "archived":
                     action = "restore"
             else:
@@ -156,6 +159,17 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
 def mounted_storages(launch: Optional[Mapping[str, Any]]) -> set:
     """The storages a launch-params record mounts."""
     return {m.get("storage") for m in (launch or {}).get("mounts") or [] if isinstance(m, dict)}
+
+
+def tree_tag(resource: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The ``csis_config`` tag a resource of the applied state carries (``tags_all``: the provider's
+    default tags too), or None: what meta-state records as the tree's name on its storages and machines."""
+    attrs = (resource or {}).get("attributes") or {}
+    for key in ("tags_all", "tags"):
+        value = (attrs.get(key) or {}).get("csis_config") if isinstance(attrs.get(key), dict) else None
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def attaches(name: str, launch: Optional[Mapping[str, Any]]) -> bool:
@@ -286,6 +300,9 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
             cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "public_ip": a.get("public_ip") or None,
                         "ami_id": a.get("ami"), "availability_zone": a.get("availability_zone"),
                         "instance_type": a.get("instance_type")})
+            tag = tree_tag({"attributes": a})
+            if tag:
+                cur["csis_config"] = tag  # the tree's tag the machine carries (validate compares it)
             srec["current"] = cur
             old_pin = pin = txn.load_record("pins.yaml", name)
             if not ephemeral and (old_pin is None or name in pending or opened) and a.get("ami") and old_pin != a.get("ami"):
