@@ -481,23 +481,21 @@ class Validation:
             g = rec.get("group")
             if isinstance(g, str) and g and g not in t.groups and t.dangling("group", g):
                 as_group.setdefault(g, set()).add(name)
-        for rt, users in sorted(on_runtime.items()):
-            self.problems.append(Problem(
-                "cfg/runtime-builders.yml", "runtime_builders (%s)" % rt,
-                "runtime '%s' cannot be undeclared while launched instances %s run on it (meta-state/launch-params.yaml): "
-                "decommission them first (undeclare them and run playbooks/instance_image.yml, or "
-                "playbooks/destroy_environment.yml), then remove the runtime" % (rt, _names(users))))
-        for b, users in sorted(by_builder.items()):
-            self.problems.append(Problem(
-                "cfg/instance-builders.yml", "instance_builders (%s)" % b,
-                "instance builder '%s' cannot be undeclared while launched instances %s it built are no longer declared "
-                "(meta-state/launch-params.yaml): its root is what plans their destroy; keep the builder until "
-                "playbooks/instance_image.yml has decommissioned them, then remove it" % (b, _names(users))))
-        for g, users in sorted(as_group.items()):
-            self.problems.append(Problem(
-                "groups/*.y*ml", "groups (%s)" % g,
-                "group '%s' cannot be undeclared (its identity root would destroy it) while launched instances %s run "
-                "as it (meta-state/launch-params.yaml): decommission them first, then remove the group" % (g, _names(users))))
+        # (who is still used, the file and key to keep it at, the message: its name, then the instances)
+        for used, file, key, message in (
+                (on_runtime, "cfg/runtime-builders.yml", "runtime_builders (%s)",
+                 "runtime '%s' cannot be undeclared while launched instances %s run on it (meta-state/launch-params.yaml): "
+                 "decommission them first (undeclare them and run playbooks/instance_image.yml, or "
+                 "playbooks/destroy_environment.yml), then remove the runtime"),
+                (by_builder, "cfg/instance-builders.yml", "instance_builders (%s)",
+                 "instance builder '%s' cannot be undeclared while launched instances %s it built are no longer declared "
+                 "(meta-state/launch-params.yaml): its root is what plans their destroy; keep the builder until "
+                 "playbooks/instance_image.yml has decommissioned them, then remove it"),
+                (as_group, "groups/*.y*ml", "groups (%s)",
+                 "group '%s' cannot be undeclared (its identity root would destroy it) while launched instances %s run "
+                 "as it (meta-state/launch-params.yaml): decommission them first, then remove the group")):
+            for name, users in sorted(used.items()):
+                self.problems.append(Problem(file, key % name, message % (name, _names(users))))
 
     def tree_name(self) -> None:
         """The tree's name (``id:``, else its directory's name) is the ``csis_config`` tag of every
