@@ -179,10 +179,10 @@ def test_run_gate_plan_json(tmp_path):
 @pytest.mark.parametrize("changes,expected", [
     (5, "resource_changes must be a list of objects, got int"),
     ([{"address": "a.b", "change": "delete"}], "resource_changes[0] (a.b): change must be an object, got str"),
-    ([{"address": "a.b", "change": {"actions": 5}}], "resource_changes[0] (a.b): change.actions must be a list of "
-                                                       "strings, got 5"),
-    ([{"address": "a.b", "change": {"actions": [["delete"]]}}], "resource_changes[0] (a.b): change.actions must be "
-                                                                  "a list of strings, got [[\"delete\"]]"),
+    ([{"address": "a.b", "change": {"actions": 5}}],
+     "resource_changes[0] (a.b): change.actions must be a list of strings, got 5"),
+    ([{"address": "a.b", "change": {"actions": [["delete"]]}}],
+     "resource_changes[0] (a.b): change.actions must be a list of strings, got [[\"delete\"]]"),
     ([{"address": "a.b", "change": {"actions": ["update"], "replace_paths": 5}}],
      "resource_changes[0] (a.b): change.replace_paths must be a list, got int"),
 ])

@@ -113,7 +113,7 @@ def test_the_diff_shows_every_file_the_render_writes(tmp_path: Any) -> None:
 
     real = service.render(root, rt.LIFECYCLES, dry_run=True, prepare=False, want_diff=True)
     assert [d["before_header"] for d in real["diff"]] == [d["before_header"] for d in checked["diff"]]
-    written = {os.path.join(base, n) for base, _, names in os.walk(os.path.join(root, "generated")) for n in names
+    written = {os.path.join(base, n) for base, _dirs, names in os.walk(os.path.join(root, "generated")) for n in names
                if n != MANIFEST}  # the roots' own file list: bookkeeping, not a generated file
     assert written <= set(headers), sorted(written - set(headers))[:5]
 
