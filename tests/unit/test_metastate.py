@@ -234,6 +234,16 @@ def test_wrong_shapes_name_the_file(tmp_path, name, text, expected):
     assert str(err.value) == expected
 
 
+def test_the_hostname_of_a_longest_name_is_read(tmp_path):
+    """A hostname is ``<name>-<generation>``: longer than a record name may be, and still a host name."""
+    ms = _ms(tmp_path)
+    name = "a" * 63
+    rec = dict(SAMPLES["launch-params.yaml"]["instances"]["test2"], hostname=name + "-001", alias=None)
+    with ms.transaction() as txn:
+        txn.save("launch-params.yaml", {"instances": {name: rec}})
+    assert MetaState(ms.config_root).load("launch-params.yaml")["instances"][name]["hostname"] == name + "-001"
+
+
 def test_a_fifo_in_a_record_folder_is_refused_not_waited_on(tmp_path):
     ms = _ms(tmp_path)
     with ms.transaction() as txn:

@@ -204,8 +204,9 @@ def _expect_str(name: str, where: str, value: Any, pattern: Optional[Any] = None
 
 #: an AMI id, as EC2 writes it
 AMI_RE = re.compile(r"^ami-[0-9A-Za-z]{1,32}\Z")
-#: a recorded hostname or alias (a host name in the inventory): a name, as the alias pool draws them
-HOST_RE = NAME_RE
+#: a recorded hostname or alias (a host name in the inventory): a name's characters (a hostname is the
+#: instance's name and its generation, ``<name>-001``: longer than a name may be)
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}\Z")
 
 
 def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
