@@ -222,6 +222,11 @@ def test_corrupt_yaml_names_file_and_line(tmp_path):
      "meta-state/storage.yaml: 'storages.data.attachments' must be a list, got integer"),
     ("plan-receipts.yaml", "roots: {storage-aws-ebs: {plans: {abc: {approvals: 5}}}}\n",
      "meta-state/plan-receipts.yaml: roots.storage-aws-ebs.plans.abc.approvals must be a list, got integer"),
+    ("instance-state.yaml", "instances: {a: {current: {private_ip: '-oProxyCommand=touch /tmp/x'}}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.current.private_ip' must be an IP address, got "
+     "'-oProxyCommand=touch /tmp/x'; " + DAMAGED),
+    ("verifications.yaml", "verifications: [{instance: a, ok: 'no'}]\n",
+     "meta-state/verifications.yaml: 'verifications[0].ok' must be true or false, got string"),
     # a key written twice (csis.infra never does): the second would silently win
     ("launch-params.yaml", "instances: {a: {hostname: a-001, hostname: evil-999}}\n",
      "meta-state/launch-params.yaml: YAML syntax error at line 1, column 34: found duplicate key 'hostname'"),

@@ -202,6 +202,8 @@ def _expect_str(name: str, where: str, value: Any, pattern: Optional[Any] = None
         raise _fail(name, where, "must be %s, got %r; %s" % (what, value, DAMAGED))
 
 
+#: a recorded IPv4 or IPv6 address
+ADDRESS_RE = re.compile(r"^(?:[0-9]{1,3}(?:\.[0-9]{1,3}){3}|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*)\Z")
 #: an AMI id, as EC2 writes it
 AMI_RE = re.compile(r"^ami-[0-9A-Za-z]{1,32}\Z")
 #: a recorded hostname or alias (a host name in the inventory): a name's characters (a hostname is the
@@ -221,6 +223,11 @@ def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
         if cur is not None:
             _expect_mapping(name, "'%s.current'" % where, cur)
             _check_open_generation(name, where, cur, gen)
+            # the inventory's ansible_host (and the address an SSH unmount logs in to): an address, never
+            # a word a connection plugin could take for an option
+            for key in ("private_ip", "public_ip"):
+                if cur.get(key) is not None:
+                    _expect_str(name, "'%s.current.%s'" % (where, key), cur[key], ADDRESS_RE, "an IP address")
         if "history" in entry:
             _expect_list(name, "'%s.history'" % where, entry["history"])
 
@@ -355,7 +362,16 @@ def _validate_storage_model(name: str, storages: Dict[str, Any]) -> None:
                     _expect_str(name, "'%s.%s[%d]'" % (where, key, i), item)
 
 
+def _validate_verifications(name: str, data: Dict[str, Any]) -> None:
+    """Each verdict is a mapping whose ``ok`` is true or false (``"no"`` would not count as a failure)."""
+    for index, verdict in enumerate(data["verifications"]):
+        _expect_mapping(name, "'verifications[%d]'" % index, verdict)
+        if not isinstance(verdict.get("ok"), bool):
+            raise _fail(name, "'verifications[%d].ok'" % index, "must be true or false, got %s" % _kind(verdict.get("ok")))
+
+
 _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
+    "verifications.yaml": _validate_verifications,
     "launch-params.yaml": lambda n, d: _validate_launch_params(n, d["instances"]),
     "instance-state.yaml": lambda n, d: _validate_instance_state(n, d["instances"]),
     "pins.yaml": _validate_pins,
