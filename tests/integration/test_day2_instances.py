@@ -117,6 +117,12 @@ def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
     vid = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     vol = tree.moto.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
     assert [a["InstanceId"] for a in vol["Attachments"]] == [cur2["instance_id"]]
+    # meta-state records the tree's tag the new machine and the volume really carry (validate compares the
+    # tree's name with it): read from the applied state, the same as EC2 reports
+    tags = {t["Key"]: t["Value"] for t in ec2_instance(tree, cur2["instance_id"]).get("Tags") or []}
+    assert cur2["csis_config"] == tags["csis_config"] and tags["csis_config"]
+    vol_tags = {t["Key"]: t["Value"] for t in vol.get("Tags") or []}
+    assert meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["csis_config"] == vol_tags["csis_config"]
     # pinned: untouched although a newer head exists
     assert current(tree, "test")["instance_id"] == old1 and pins["instances"]["test"] == tree.amis["basic1"]
     assert lp["test"]["hostname"] == "test-001"

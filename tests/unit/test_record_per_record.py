@@ -201,5 +201,5 @@ def test_the_tree_tag_the_machine_carries_is_recorded_from_the_state(tmp_path):
     assert ms.load(IS)["instances"]["n0"]["current"]["csis_config"] == "team-a"
     assert "csis_config" not in record.record_instance_root(ms, _instance_root("n1"), _state(n1="i-1"), "r2") and \
         "csis_config" not in ms.load(IS)["instances"]["n1"]["current"]  # an untagged machine: nothing claimed
-    assert record.tree_tag({"attributes": {"tags": {"csis_config": "x"}}}) == "x"
-    assert record.tree_tag({"attributes": {"tags": None}}) is None and record.tree_tag(None) is None
+    assert record.tree_tag({"tags": {"csis_config": "x"}}) == "x"
+    assert record.tree_tag({"tags": None}) is None and record.tree_tag(None) is None

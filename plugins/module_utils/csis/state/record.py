@@ -111,7 +111,7 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
                             break
                 if b:
                     facts["bucket_name"] = b["attributes"].get("bucket") or facts.get("bucket_name")
-                tag = tree_tag(vol or fs or b)
+                tag = tree_tag((vol or fs or b or {}).get("attributes"))
                 if tag:
                     facts["csis_config"] = tag  # the tree's tag the resource carries (validate compares it)
                 if cur == "archived":
@@ -161,12 +161,13 @@ def mounted_storages(launch: Optional[Mapping[str, Any]]) -> set:
     return {m.get("storage") for m in (launch or {}).get("mounts") or [] if isinstance(m, dict)}
 
 
-def tree_tag(resource: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """The ``csis_config`` tag a resource of the applied state carries (``tags_all``: the provider's
-    default tags too), or None: what meta-state records as the tree's name on its storages and machines."""
-    attrs = (resource or {}).get("attributes") or {}
+def tree_tag(attributes: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The ``csis_config`` tag a resource of the applied state carries (its ``attributes``; ``tags_all``
+    holds the provider's default tags too), or None: what meta-state records as the tree's name on its
+    storages and machines."""
     for key in ("tags_all", "tags"):
-        value = (attrs.get(key) or {}).get("csis_config") if isinstance(attrs.get(key), dict) else None
+        tags = (attributes or {}).get(key)
+        value = tags.get("csis_config") if isinstance(tags, dict) else None
         if isinstance(value, str) and value:
             return value
     return None
@@ -300,7 +301,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
             cur.update({"instance_id": a.get("id"), "private_ip": a.get("private_ip"), "public_ip": a.get("public_ip") or None,
                         "ami_id": a.get("ami"), "availability_zone": a.get("availability_zone"),
                         "instance_type": a.get("instance_type")})
-            tag = tree_tag({"attributes": a})
+            tag = tree_tag(a)
             if tag:
                 cur["csis_config"] = tag  # the tree's tag the machine carries (validate compares it)
             srec["current"] = cur

@@ -353,13 +353,12 @@ def _validate_drift(name: str, data: Dict[str, Any]) -> None:
 
 
 def _validate_storage_model(name: str, storages: Dict[str, Any]) -> None:
-    """The storages' read-model: the lists its readers and the recorder walk."""
+    """The storages' read-model: the attachments its readers and the recorder walk."""
     for _key, where, entry in _entries(name, "storages", storages):
-        for key in ("attachments", "allowed_groups"):
-            if entry.get(key) is not None:
-                _expect_list(name, "'%s.%s'" % (where, key), entry[key])
-                for i, item in enumerate(entry[key]):
-                    _expect_str(name, "'%s.%s[%d]'" % (where, key, i), item)
+        if entry.get("attachments") is not None:
+            _expect_list(name, "'%s.attachments'" % where, entry["attachments"])
+            for i, item in enumerate(entry["attachments"]):
+                _expect_str(name, "'%s.attachments[%d]'" % (where, i), item)
 
 
 def _validate_verifications(name: str, data: Dict[str, Any]) -> None:
