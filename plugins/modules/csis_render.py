@@ -84,6 +84,18 @@ options:
         means only an image's declared C(ami_id) counts as its head, and nothing is looked up.
     type: dict
     default: {}
+  only_roots:
+    description:
+      - Write and prepare only these roots of the render (their keys, C(<lifecycle>-<builder>), as
+        RV(roots) names them); every other root's files are left as they are, and nothing is
+        prepared ahead.
+      - The C(csis.infra.tofu_root) role renders an instance root once more this way right after its
+        record step, when its apply launched a machine, so the files name the AMI the launch pinned
+        (the first render named the image's pattern) and the next run renders nothing new.
+      - A key the render does not produce is refused.
+    type: list
+    elements: str
+    version_added: 0.2.0
   cascade:
     description:
       - One phase of an environment's cascade destroy, as C(playbooks/destroy_environment.yml) passes it
@@ -333,7 +345,8 @@ def _run(module, p):
         out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
                      apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
                      check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"],
-                     series_heads=p["series_heads"], cascade=p["cascade"], prepare_ahead=p["prepare_ahead"])
+                     series_heads=p["series_heads"], cascade=p["cascade"], prepare_ahead=p["prepare_ahead"],
+                     only_roots=p["only_roots"])
     except ConfigError as exc:
         fail_from(module, exc, msg=problems_message(exc, p["config_root"], "; nothing was written"))
     except CsisError as exc:
@@ -359,6 +372,7 @@ RUN = ModuleRun(_run, argument_spec(
     prepare_ahead=dict(type="bool", default=False),
     series_heads=dict(type="dict", default={}),
     cascade=dict(type="dict"),
+    only_roots=dict(type="list", elements="str"),
 ), requires=("PyYAML", "pydantic"), options=dict(supports_check_mode=True))
 
 

@@ -477,6 +477,31 @@ def test_second_render_is_unchanged(tmp_path: Any) -> None:
     assert check["changed"] is False and check["diff"] == []
 
 
+def test_only_roots_writes_those_roots_and_leaves_the_others(tmp_path: Any) -> None:
+    """only_roots (the record step's render of the one root whose launch pinned an AMI): the
+    other roots of the lifecycle keep their files, even where they differ from a render."""
+    root = rt.copy_tree("variations", str(tmp_path))
+    service.render(root, ["instance-image"], prepare=False)
+    gen = os.path.join(root, "generated", "instance-image")
+    tampered = {}
+    for builder in ("tofu-vpc", "tofu-plain"):
+        path = os.path.join(gen, builder, "instance-generation", "%s-instance-generation.tf" % builder)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write("# changed by hand\n")
+        tampered[builder] = path
+    res = service.render(root, ["instance-image"], prepare=False, only_roots=["instance-image-tofu-vpc"])
+    assert [r["key"] for r in res["roots"]] == ["instance-image-tofu-vpc"]
+    assert res["roots"][0]["modified"] == ["tofu-vpc-instance-generation.tf"] and res["changed"] is True
+    with open(tampered["tofu-vpc"], encoding="utf-8") as fh:
+        assert "# changed by hand" not in fh.read()
+    with open(tampered["tofu-plain"], encoding="utf-8") as fh:
+        assert "# changed by hand" in fh.read()
+    with pytest.raises(ConfigError, match=r"no root instance-image-nope in this render \(its roots: "
+                                          r"instance-image-tofu-vpc, instance-image-tofu-plain\)") as err:
+        service.render(root, ["instance-image"], prepare=False, only_roots=["instance-image-nope"])
+    assert [p.key for p in err.value.problems] == ["only_roots"]
+
+
 def test_check_mode_reports_a_change_without_writing(tmp_path: Any) -> None:
     root = rt.copy_tree("examples", str(tmp_path))
     service.render(root, ALL, prepare=False)

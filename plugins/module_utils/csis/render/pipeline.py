@@ -63,8 +63,14 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
            check_mode: bool = False, want_diff: bool = False, prepare: bool = True, workers: int = 4,
            extra_env: Optional[Mapping[str, str]] = None,
            series_heads: Optional[Mapping[str, Any]] = None,
-           cascade: Optional[Mapping[str, Any]] = None, prepare_ahead: bool = False) -> Dict[str, Any]:
+           cascade: Optional[Mapping[str, Any]] = None, prepare_ahead: bool = False,
+           only_roots: Optional[Iterable[str]] = None) -> Dict[str, Any]:
     """Validate, plan, write and prepare the roots. Raises ConfigError / EmitError.
+
+    ``only_roots`` (root keys, ``<lifecycle>-<builder>``): write and prepare only these roots of
+    the render, leave every other root's files as they are (what the record step uses to render a
+    root again once its launch pinned an AMI: roles/tofu_root/tasks/record.yml). A key the render
+    does not produce is refused.
 
     ``prepare_ahead`` (a dry run's, without a cascade): also write the roots of the lifecycles
     that follow the last of ``lifecycles`` (identity, storage, instance-image) and validate them
@@ -105,6 +111,15 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
                                             str(cascade.get("environment")))
         if refused:
             raise ConfigError(refused)
+    if only_roots is not None:
+        wanted = list(only_roots)
+        keys = [p.key for p in plans]
+        unknown = [k for k in wanted if k not in keys]
+        if unknown:
+            raise ConfigError([Problem("", "only_roots", "no root %s in this render (its roots: %s)"
+                                       % (", ".join(unknown), ", ".join(keys) or "none"))])
+        plans = [p for p in plans if p.key in wanted]
+        prepare_ahead = False
     ahead: List[RootPlan] = []
     if prepare_ahead and dry_run and prepare and not check_mode and not cascade and plans:
         ahead = _following_roots(tree, meta, lifecycles, opts)
