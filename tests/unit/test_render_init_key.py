@@ -102,6 +102,24 @@ def test_an_older_stamp_is_one_key_line(tmp_path: Any) -> None:
     os.makedirs(os.path.join(d, ".terraform"))
     with open(os.path.join(d, writer.STAMP), "w", encoding="utf-8") as fh:
         fh.write("abc\n")
-    assert writer._read_stamp(d) == {"key": "abc"}  # pylint: disable=protected-access
-    writer._write_stamp(d, "k", "i")  # pylint: disable=protected-access
+    stamp = writer._read_stamp(d)  # pylint: disable=protected-access
+    assert stamp == {"key": "abc"}
+    # an older stamp's key counts for the kind of run it was made by (the key says which)
+    assert writer._stamped(stamp, True, "abc") and writer._stamped(stamp, False, "abc")  # pylint: disable=protected-access
+    with open(os.path.join(d, writer.STAMP), "w", encoding="utf-8") as fh:
+        fh.write('{"key": "k", "init": "i"}\n')
     assert writer._read_stamp(d) == {"key": "k", "init": "i"}  # pylint: disable=protected-access
+
+
+def test_each_kind_of_run_keeps_its_own_stamp(tmp_path: Any) -> None:
+    """A dry run's stamp keeps the real run's key unless the dry run initialised the root itself."""
+    d = str(tmp_path)
+    writer._write_stamp(d, real="r", init="ri")  # pylint: disable=protected-access
+    old = writer._read_stamp(d)  # pylint: disable=protected-access
+    writer._stamp_kind(d, True, "k", old, old.get("init"))  # pylint: disable=protected-access
+    stamp = writer._read_stamp(d)  # pylint: disable=protected-access
+    assert stamp == {"dry": "k", "real": "r", "init": "ri"}
+    assert writer._stamped(stamp, True, "k") and writer._stamped(stamp, False, "r")  # pylint: disable=protected-access
+    assert not writer._stamped(stamp, False, "k")  # pylint: disable=protected-access
+    writer._stamp_kind(d, True, "k2", stamp, "di", keep_other=False)  # pylint: disable=protected-access
+    assert writer._read_stamp(d) == {"dry": "k2", "init": "di"}  # pylint: disable=protected-access

@@ -312,8 +312,16 @@ UNCHANGED = "(unchanged since the last successful fmt/init/validate)"
 INIT_UNCHANGED = "(init: what it reads is unchanged since the last successful init)"
 
 
+def _kind(dry_run: bool) -> str:
+    return "dry" if dry_run else "real"
+
+
 def _read_stamp(plan_dir: str) -> Dict[str, str]:
-    """The stamp's ``{key, init}`` (an older stamp, one key line, has no init key)."""
+    """The stamp: ``dry`` and ``real``, the prepare key of the root's last successful dry and
+    real preparation (:func:`prepare_key`; each kind keeps its own, so a dry run between two real
+    runs costs the second no init, nor a real run between two dry runs the second a validate),
+    and ``init``, the init key of what ``.terraform/`` holds (:func:`init_key`). An older stamp has
+    one ``key`` (of either kind: the key says which) or is that key alone on a line."""
     text = (_read(os.path.join(plan_dir, STAMP)) or "").strip()
     try:
         data = json.loads(text)
@@ -322,11 +330,28 @@ def _read_stamp(plan_dir: str) -> Dict[str, str]:
     return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
 
 
-def _write_stamp(plan_dir: str, key: str, init: Optional[str]) -> None:
+def _stamped(stamp: Mapping[str, str], dry_run: bool, key: str) -> bool:
+    """Whether the root was prepared successfully, for this kind of run, with the inputs of ``key``."""
+    return key in (stamp.get(_kind(dry_run)), stamp.get("key"))
+
+
+def _write_stamp(plan_dir: str, dry: Optional[str] = None, real: Optional[str] = None,
+                 init: Optional[str] = None) -> None:
     stamp = os.path.join(plan_dir, STAMP)
     os.makedirs(os.path.dirname(stamp), exist_ok=True)
+    data = {k: v for k, v in (("dry", dry), ("real", real), ("init", init)) if v}
     with open(stamp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"key": key, "init": init} if init else {"key": key}) + "\n")
+        fh.write(json.dumps(data) + "\n")
+
+
+def _stamp_kind(plan_dir: str, dry_run: bool, key: str, old: Mapping[str, str], init: Optional[str],
+                keep_other: bool = True) -> None:
+    """Stamp a successful preparation of this kind; the other kind's key stays when ``keep_other``
+    (a real run's init leaves a dry run's validation true; a dry run's init in the root itself
+    replaces what a real run's init left there, so its real key goes)."""
+    other = "real" if dry_run else "dry"
+    keys = {_kind(dry_run): key, other: old.get(other) if keep_other else None}
+    _write_stamp(plan_dir, dry=keys["dry"], real=keys["real"], init=init)
 
 
 def _drop_stamp(plan_dir: str) -> None:
@@ -402,7 +427,7 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
     """
     key = prepare_key(plan_dir, binary, dry_run)
     stamp = {} if force else _read_stamp(plan_dir)
-    if stamp.get("key") == key:
+    if _stamped(stamp, dry_run, key):
         if cache_filled is not None and fills_cache:
             cache_filled.set()
         return [{"cmd": UNCHANGED, "rc": 0, "stdout": "", "stderr": ""}]
@@ -430,7 +455,8 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
     if cache_filled is not None and fills_cache:
         cache_filled.set()  # a deferred or unchanged init filled nothing
     if not defer_validate:
-        _write_stamp(plan_dir, key, ikey)
+        # a dry run that initialised the root itself replaced a real run's init there
+        _stamp_kind(plan_dir, dry_run, key, stamp, ikey, keep_other=not dry_run or init_done)
     return done
 
 
@@ -497,18 +523,20 @@ def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Opt
     would use the backend recorded there ("what was previously initialized": the S3 state bucket,
     with credentials), so the dry run's init and validate run in a data directory of their own
     (``TF_DATA_DIR``, removed after), and the real run's initialisation and init stamp stay."""
+    old = _read_stamp(plan_dir)  # the init drops the stamp while it runs
     if dry_run and _backend_recorded(plan_dir):
-        real_init = _read_stamp(plan_dir).get("init")  # the init drops the stamp while it runs
         scratch = tempfile.mkdtemp(prefix="csis-dry-validate-")
         try:
             done = _init_and_validate(plan_dir, binary, dry_run, backend_file,
                                       dict(extra_env or {}, TF_DATA_DIR=scratch), False)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), real_init)
+        # the real run's initialisation is as it was: its init key and real key stay
+        _stamp_kind(plan_dir, dry_run, prepare_key(plan_dir, binary, dry_run), old, old.get("init"))
         return done
     done = _init_and_validate(plan_dir, binary, dry_run, backend_file, extra_env, initialised)
-    _write_stamp(plan_dir, prepare_key(plan_dir, binary, dry_run), init_key(plan_dir, binary, dry_run, backend_file))
+    _stamp_kind(plan_dir, dry_run, prepare_key(plan_dir, binary, dry_run), old,
+                init_key(plan_dir, binary, dry_run, backend_file), keep_other=not dry_run or initialised)
     return done
 
 
@@ -596,9 +624,10 @@ def prepare_roots(items: Sequence[Tuple[str, str, Optional[str]]], dry_run: bool
             cmd = "%s validate -no-color (one run for %d root%s)" % (os.path.basename(b), len(dirs),
                                                                      "" if len(dirs) == 1 else "s")
             for d in dirs:
-                # the init key only when an earlier init of the root still holds (none ran now)
-                ikey = init_key(d, b, dry_run, backend_files[d])
-                _write_stamp(d, prepare_key(d, b, dry_run), ikey if _initialised(out[d]) else None)
+                # validated in a root of its own: the root's .terraform/ (a real run's init, say)
+                # and what the stamp says of it are as they were
+                old = _read_stamp(d)
+                _stamp_kind(d, dry_run, prepare_key(d, b, dry_run), old, old.get("init"))
                 out[d].append(dict(together, cmd=cmd))
         for fut in concurrent.futures.as_completed(vfuts):
             try:
