@@ -86,6 +86,14 @@ instances:
   description: What was recorded per instance (C(launched), C(standing), C(decommission), C(ephemeral)).
   returned: for instance roots
   type: dict
+bound:
+  description:
+    - The durable instances whose first pin this record bound (the AMI their first launch booted). The
+      C(csis.infra.tofu_root) role renders the root once more when it is not empty, so the root's files name
+      those AMIs as every later render does.
+  returned: for instance roots
+  type: list
+  elements: str
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec

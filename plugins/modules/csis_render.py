@@ -90,7 +90,7 @@ options:
         RV(roots) names them); every other root's files are left as they are, and nothing is
         prepared ahead.
       - The C(csis.infra.tofu_root) role renders an instance root once more this way right after its
-        record step, when its apply launched a machine, so the files name the AMI the launch pinned
+        record step, when its apply first launched a durable machine, so the files name the AMI the launch pinned
         (the first render named the image's pattern) and the next run renders nothing new.
       - A key the render does not produce is refused.
     type: list

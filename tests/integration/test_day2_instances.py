@@ -99,6 +99,9 @@ def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
     out = text(res)
     assert "replacing module.instance_test2.aws_instance.this" in out
     assert "module.instance_test2.aws_volume_attachment.this" in out  # whitelisted by the replacement
+    # a follow moves a pin, binds none: the render already named the new AMI, so the root is not rendered again
+    assert re.search(r"Render the root again, naming the AMI its launch pinned\] \*+\n(?:[^\n]*\n)?skipping: ",
+                     res.stdout), tail(res)
     cur2 = current(tree, "test2")
     assert cur2["instance_id"] != old2 and cur2["number"] == 2 and cur2["ami_id"] == tree.amis["dask2"]
     assert ec2_instance(tree, cur2["instance_id"])["ImageId"] == tree.amis["dask2"]

@@ -77,9 +77,10 @@ def test_recording_one_instance_reads_no_other_record(tmp_path):
         for name in (LP, IS, PINS):
             _damage(ms, name, other)
     got = record.record_instance_root(ms, _instance_root("n0"), _state(n0="i-0"), "r2")
-    assert got == {"n0": "standing", "_written": []}
+    assert got == {"n0": "standing", "_written": [], "_bound": []}
     got = record.record_instance_root(ms, _instance_root("n0"), _state(n0="i-new"), "r3")
     assert got["n0"] == "launched" and set(got["_written"]) == {LP, IS, PINS}  # replaced on another image
+    assert got["_bound"] == []  # the pin moved: no first pin bound (the render named the new AMI already)
     with pytest.raises(MetaStateError, match=r"meta-state/launch-params/n[1-4].yaml: is empty"):
         ms.load(LP)  # the damage is still refused by every whole read
     got = record.record_instance_root(ms, _instance_root("n0", decommission=True), _state(), "r4")
@@ -133,6 +134,10 @@ def test_pins_are_records_and_the_rest_is_beside_them(tmp_path):
     pins = ms.load(PINS)
     assert pins["instances"] == {"n0": "ami-0", "n1": "ami-1"} and pins["pending_replacements"] == {}
     assert [u["op"] for u in pins["upgrades"]] == ["bind", "bind"]
+    # a first launch binds the machine's first pin (csis_record's `bound`: the role renders the root again)
+    assert record.record_instance_root(ms, _instance_root("n5"), _state(n5="i-5"), "r1b")["_bound"] == ["n5"]
+    # an ephemeral machine is never pinned: nothing bound
+    assert record.record_instance_root(ms, _instance_root("n6", ephemeral=True), _state(n6="i-6"), "r1c")["_bound"] == []
     out = record.mark_upgrade(ms.config_root, "n0", "r2", to="ami-9")
     assert out["changed"] and out["pending"]["from"] == "ami-0"
     assert ms.load(PINS)["pending_replacements"]["n0"]["to"] == "ami-9"

@@ -266,6 +266,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
         pending, upgrades = pins["pending_replacements"], pins["upgrades"]
         launches: Dict[str, Optional[Dict[str, Any]]] = {}
         storages: set = set()
+        bound: List[str] = []
         for name, info in sorted((root.get("instances") or {}).items()):
             mine = under(res, info["address"])
             inst = _instance_resource(mine)
@@ -312,6 +313,8 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 upgrades.append({"kind": "instance", "name": name, "from": old_pin, "to": a.get("ami"),
                                  "op": "bind" if old_pin is None else ("upgrade" if name in pending else "follow"),
                                  "run": run})
+                if old_pin is None:
+                    bound.append(name)
             pending.pop(name, None)
             prev = prev or {}
             params["build"] = pin if pin is not None else (a.get("ami") or "unbound")
@@ -329,6 +332,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
         txn.save_rest("pins.yaml", pins)
         refresh_storage_model(txn, storages, launches)
     out["_written"] = list(txn.written)
+    out["_bound"] = bound
     return out
 
 
@@ -394,7 +398,8 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
     except MetaStateError as exc:  # (no state read: an identity root, whose audit of the apply failed)
         raise RecordError(record_failed_message(root, state or {}, exc, applied)) from exc
     written = got.pop("_written", [])
-    return {key: got, "written": written}
+    bound = got.pop("_bound", [])
+    return {key: got, "written": written, **({"bound": bound} if key == "instances" else {})}
 
 
 def applied_event(root: Mapping[str, Any], applied: Optional[str],
