@@ -141,7 +141,6 @@ HEAVIEST_FIRST = (
     "tests/integration/test_manual_gaps_moto.py",
     "tests/integration/test_two_checkouts_e2e.py",
     "tests/integration/test_awx_runner.py",
-    "tests/integration/test_meta_state_damage.py",
     "tests/integration/test_render_roots.py",
     "tests/integration/test_tfmodules_moto.py",
     "tests/integration/test_aws_timeouts.py",

@@ -13,7 +13,7 @@
   the store and the render (a dry run has no preflight probe) fail with one message naming
   the path; nothing is written.
 
-(The truncated and garbage meta-state files are tests/integration/test_meta_state_damage.py
+(The truncated and garbage meta-state files are tests/integration/test_day2_instances.py
 and tests/unit/test_metastate.py; this file adds only what a real filesystem brings.)
 
 Mounting needs root (CAP_SYS_ADMIN): elsewhere these tests skip, saying so.

@@ -4,6 +4,10 @@
 """Instance day-2 operations end to end (real terraform, the session's moto server, real
 ansible-playbook), on one tree applied once by the fixture; the tests run in order:
 
+* damaged meta-state (issue 16, defect 3), first, on the freshly applied tree: a record cut to
+  half its size, then emptied, is refused everywhere (the inventory, ``validate.yml``,
+  ``state_query.yml``, a real ``instance_image.yml``) with the file's name and the reason and
+  left byte-identical; each test restores the record, so the tree is whole for the next;
 * follow: a newer AMI matching the image's name pattern makes the next run replace the
   ``follow`` instance (``-replace``, its volume attachment whitelisted), move its pin and
   advance its hostname generation; the ``pinned`` instance stays;
@@ -20,9 +24,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+from typing import Any, List, Tuple
 
 import pytest
+import yaml
 
+import e2e
 from day2_trees import Runner, make_tree, meta, meta_bytes, register_ami, tail, text, write_yaml
 
 pytestmark = pytest.mark.integration
@@ -86,6 +94,95 @@ def tree(moto_endpoint, tmp_path_factory):
     return t
 
 
+# ---------------------------------------------------------------- damaged meta-state (issue 16)
+# The tree as its first run left it: a record cut short or emptied is refused by every reader
+# and never rebuilt. Each test puts the record back, whatever happens, for the tests after it.
+INVENTORY_BIN = os.path.join(e2e.VENV_BIN, "ansible-inventory")
+
+
+def _flat(out: str) -> str:
+    """Output with whitespace collapsed (the callback wraps long messages)."""
+    return " ".join(out.split())
+
+
+def _inventory(t) -> subprocess.CompletedProcess:
+    source = os.path.join(os.path.dirname(t.root), "hosts.csis.yml")
+    if not os.path.exists(source):
+        with open(source, "w", encoding="utf-8") as fh:
+            yaml.safe_dump({"plugin": "csis.infra.meta_state", "config_root": t.root}, fh)
+    env = e2e.run_env({}, {"ANSIBLE_CONFIG": os.path.join(e2e.REPO, "ansible.cfg"),
+                           "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "1"})
+    return subprocess.run([INVENTORY_BIN, "-i", source, "--list"], cwd=e2e.REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def _damaged_runs(t) -> List[Tuple[str, Any]]:
+    over = [t.moto.overlay_path, e2e.APPLY_ALL]
+    return [
+        ("validate.yml", e2e.run_playbook("validate.yml", t.root, t.moto.env, overlays=over, dry_run=None)),
+        ("state_query.yml", e2e.run_playbook("state_query.yml", t.root, t.moto.env, overlays=over, dry_run=None)),
+        ("instance_image.yml", e2e.run_playbook("instance_image.yml", t.root, t.moto.env, overlays=over)),
+    ]
+
+
+def _test2_record(root: str) -> Tuple[str, str]:
+    """(the path of test2's launch-params record, its name in messages): one file per record (issue 10)."""
+    return os.path.join(root, "meta-state", "launch-params", "test2.yaml"), "launch-params/test2.yaml"
+
+
+def test_the_inventory_lists_the_launched_hosts(tree):
+    proc = _inventory(tree)
+    assert proc.returncode == 0, proc.stderr
+    assert {"test", "test2"} <= set(json.loads(proc.stdout)["_meta"]["hostvars"])
+
+
+def test_a_launch_params_file_cut_to_half_is_refused_everywhere_and_left_as_it_is(tree):
+    path, shown = _test2_record(tree.root)
+    with open(path, "rb") as fh:
+        whole = fh.read()
+    half = whole[:len(whole) // 2]
+    with open(path, "wb") as fh:
+        fh.write(half)
+    before = e2e.meta_state_digest(tree.root)
+    reason = "meta-state/%s: is incomplete: it stops at byte %d without its end line" % (shown, len(half))
+    try:
+        proc = _inventory(tree)
+        assert proc.returncode != 0
+        assert "csis.infra.meta_state: %s/%s" % (tree.root, reason) in _flat(proc.stderr), proc.stderr
+        for playbook, run in _damaged_runs(tree):
+            assert run.rc != 0, (playbook, run.tail())
+            out = _flat(run.out)
+            assert reason in out, (playbook, run.tail())
+            assert "is valid" not in out and "foreign" not in out, (playbook, run.tail())
+            assert "terraform apply" not in out and "Apply complete" not in out, (playbook, run.tail())
+            assert e2e.meta_state_digest(tree.root) == before, playbook
+        with open(path, "rb") as fh:
+            assert fh.read() == half
+    finally:
+        with open(path, "wb") as fh:
+            fh.write(whole)
+    proc = _inventory(tree)
+    assert proc.returncode == 0 and "test2" in json.loads(proc.stdout)["_meta"]["hostvars"], proc.stderr
+
+
+def test_an_emptied_file_is_no_empty_inventory(tree):
+    path, shown = _test2_record(tree.root)
+    with open(path, "rb") as fh:
+        whole = fh.read()
+    with open(path, "wb"):
+        pass
+    try:
+        proc = _inventory(tree)
+        assert proc.returncode != 0
+        assert "%s/meta-state/%s: is empty (0 bytes), but csis.infra never writes an empty meta-state file" % (
+            tree.root, shown) in _flat(proc.stderr), proc.stderr
+        assert os.path.getsize(path) == 0
+    finally:
+        with open(path, "wb") as fh:
+            fh.write(whole)
+
+
+# ---------------------------------------------------------------- instance day-2 operations
 def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
     old2, old1 = current(tree, "test2")["instance_id"], current(tree, "test")["instance_id"]
     tree.amis["dask2"] = register_ami(tree.moto, DASK + "-2")
