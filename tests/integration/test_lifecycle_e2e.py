@@ -57,6 +57,11 @@ def test_the_demo_works_on_a_copy_and_leaves_the_checkout_as_it_was(site):
     assert "The demo's tree is %s" % site.root in site.run.out
     assert site.checkout_after == site.checkout_before
     assert os.path.isdir(os.path.join(site.root, "meta-state"))
+    # a first run that warns about nothing: Ansible's warnings (a missing inventory, a deprecated
+    # dependency, a module's notice) would be the first thing a new user reads
+    warnings = [line for line in site.run.out.splitlines() if line.startswith(("[WARNING]", "[DEPRECATION WARNING]"))
+                or "Warning:" in line]
+    assert warnings == [], warnings
 
 
 def test_site_applies_the_example_tree(site, moto_endpoint):
