@@ -46,6 +46,11 @@ def test_the_example_tree_validates_clean_through_the_playbook(tmp_path):
     res = run_playbook(root)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "is valid" in res.stdout and "failed=0" in res.stdout
+    # the summary is a line an operator reads, not a Python mapping
+    flat = " ".join(res.stdout.split())
+    assert "%s is valid: instances 2, storages 3, runtimes 1, instance builders 1, storage builders 3" % root in flat, \
+        res.stdout
+    assert "{" not in flat.split(" is valid: ", 1)[1].split("PLAY RECAP", 1)[0], res.stdout
     assert corpus.tree_hash(root) == before
 
 
