@@ -62,6 +62,10 @@ def test_the_demo_works_on_a_copy_and_leaves_the_checkout_as_it_was(site):
     warnings = [line for line in site.run.out.splitlines() if line.startswith(("[WARNING]", "[DEPRECATION WARNING]"))
                 or "Warning:" in line]
     assert warnings == [], warnings
+    # its last lines, summary.yml's read-back, are text, not Python lists and mappings
+    flat = " ".join(site.run.out.split())
+    assert "access points /coops, /stofs, 2 mount target(s)" in flat, site.run.tail()
+    assert "(storage default-bucket): 1 lifecycle rule(s), tags BillingCode=CSIS-0001, " in flat, site.run.tail()
 
 
 def test_site_applies_the_example_tree(site, moto_endpoint):
