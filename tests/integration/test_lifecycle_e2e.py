@@ -93,7 +93,12 @@ def test_site_applies_the_example_tree(site, moto_endpoint):
         assert entry["status"] == "ok" and entry["applied"] is True, (key, entry)
         assert entry["gate"]["verdict"] == "passed" and entry["plan"].startswith("Plan: "), (key, entry)
         assert entry["seconds"] > 0 and entry["started"] <= entry["finished"], (key, entry)
+        # the apply's own time, apart from the root's pass (which waits for its siblings' steps)
+        assert 0 <= entry["apply_seconds"] < entry["seconds"], (key, entry)
     assert summary["totals"] == {"roots": 5, "applied": 5, "failed": 0, "refused": 0, "stopped": 0}
+    # the EBS volume's apply is not the S3 lifecycle configuration's (the provider's 55 s wait)
+    storage = summary["roots"]
+    assert storage["storage-aws-ebs"]["apply_seconds"] < storage["storage-aws-s3"]["apply_seconds"], storage
     # summary.yml (the demo's last step) prints it; the callback wraps long lines
     assert "5 root(s), 5 applied, 0 failed, 0 refused by the gate" in " ".join(site.run.out.split())
     ec2, efs, s3 = ep.client("ec2"), ep.client("efs"), ep.client("s3")
@@ -212,7 +217,8 @@ def test_rerun_changes_nothing(site, moto_endpoint):
     with open(os.path.join(root, "generated", "run-summary.json"), encoding="utf-8") as fh:
         summary = json.load(fh)
     assert summary["totals"] == {"roots": 5, "applied": 0, "failed": 0, "refused": 0, "stopped": 0}, summary
-    assert all(e["applied"] is False and e["status"] == "ok" for e in summary["roots"].values()), summary
+    assert all(e["applied"] is False and e["status"] == "ok" and "apply_seconds" not in e
+               for e in summary["roots"].values()), summary
 
     pb = os.path.join(site.parent, "render-check.yml")
     result = os.path.join(site.parent, "render-check.json")

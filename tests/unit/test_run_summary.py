@@ -81,3 +81,18 @@ def test_entry_needs_a_key_and_a_run_id(tmp_path):
         rs.add_root(str(tmp_path), "run", {"status": "ok"})
     with pytest.raises(rs.RunSummaryError):
         rs.add_root(str(tmp_path), "", {"key": "a"})
+
+
+def test_the_apply_has_its_own_time_beside_the_roots_pass(tmp_path):
+    """A lifecycle's roots go step by step together: a root's pass includes waiting for a slower
+    sibling, so the line gives the apply's own time apart (csis_apply_wait's seconds)."""
+    root = str(tmp_path)
+    rs.add_root(root, "run1", {"key": "storage-ebs", "status": "ok", "applied": "True", "plan": "Plan: 1 to add",
+                               "seconds": "74.2", "apply_seconds": "16.04"})
+    data = rs.add_root(root, "run1", {"key": "storage-efs", "status": "ok", "applied": "False", "seconds": "74.0",
+                                      "apply_seconds": ""})
+    assert data["roots"]["storage-ebs"]["apply_seconds"] == 16.0
+    assert "apply_seconds" not in data["roots"]["storage-efs"]  # nothing applied: no apply time
+    lines = rs.summary_lines(data)
+    assert "storage-ebs: ok; Plan: 1 to add; applied in 16 s; 74 s in all" in lines, lines
+    assert "storage-efs: ok; nothing applied; 74 s in all" in lines, lines

@@ -30,7 +30,7 @@ LOCK = os.path.join("generated", ".run-summary.lock")
 VERSION = 1
 #: what an entry may carry (anything else is dropped: the file stays a small, known shape)
 ENTRY_KEYS = ("key", "lifecycle", "builder", "runtime", "status", "failed_step", "plan", "gate", "applied",
-              "recorded", "started", "finished", "seconds")
+              "recorded", "started", "finished", "seconds", "apply_seconds")
 
 
 class RunSummaryError(CsisError):
@@ -102,11 +102,13 @@ def normalise(entry: Dict[str, Any]) -> Dict[str, Any]:
     """Plain types whatever the templating gave (``"True"``, ``"12.5"``...)."""
     if "applied" in entry:
         entry["applied"] = _bool(entry["applied"])
-    if entry.get("seconds") not in (None, ""):
+    for k in ("seconds", "apply_seconds"):
+        if k not in entry:
+            continue
         try:
-            entry["seconds"] = round(float(entry["seconds"]), 1)
-        except (TypeError, ValueError):
-            entry.pop("seconds")
+            entry[k] = round(float(entry[k]), 1)
+        except (TypeError, ValueError):  # "" (nothing applied), None, junk
+            entry.pop(k)
     if "recorded" in entry:
         rec = entry["recorded"]
         entry["recorded"] = [str(x) for x in rec] if isinstance(rec, (list, tuple)) else ([str(rec)] if rec else [])
@@ -148,10 +150,15 @@ def summary_lines(data: Optional[Mapping[str, Any]]) -> List[str]:
             parts.append(str(r["plan"]))
         if gate.get("verdict"):
             parts.append("gate %s" % gate["verdict"])
-        parts.append("applied" if r.get("applied") else "nothing applied")
+        applied = "applied" if r.get("applied") else "nothing applied"
+        if r.get("applied") and r.get("apply_seconds") is not None:
+            applied += " in %.0f s" % float(r["apply_seconds"])  # the apply's own time
+        parts.append(applied)
         if r.get("recorded"):
             parts.append("recorded %s" % ", ".join(r["recorded"]))
         if r.get("seconds") is not None:
-            parts.append("%.0f s" % float(r["seconds"]))
+            # the root's whole pass: a lifecycle's roots go step by step together, so this includes
+            # waiting for a slower sibling's step
+            parts.append("%.0f s in all" % float(r["seconds"]))
         lines.append("; ".join(parts))
     return lines
