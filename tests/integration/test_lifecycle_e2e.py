@@ -101,6 +101,9 @@ def test_site_applies_the_example_tree(site, moto_endpoint):
     assert storage["storage-aws-ebs"]["apply_seconds"] < storage["storage-aws-s3"]["apply_seconds"], storage
     # summary.yml (the demo's last step) prints it; the callback wraps long lines
     assert "5 root(s), 5 applied, 0 failed, 0 refused by the gate" in " ".join(site.run.out.split())
+    # the render says what it rendered in lines, one per root directory (no Python list)
+    assert re.search(r"msg:\n    - 'storage: 3 root\(s\)'\n    - %s/generated/storage/aws-\w+/storage-generation\n"
+                     % re.escape(root), site.run.out), site.run.tail()
     ec2, efs, s3 = ep.client("ec2"), ep.client("efs"), ep.client("s3")
 
     # the instances: ids from the instance root's state, compared with the endpoint and meta-state
