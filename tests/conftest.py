@@ -151,6 +151,7 @@ HEAVIEST_FIRST = (
     "tests/integration/test_static_keys_e2e.py",
     "tests/integration/test_secrets_sentinel.py",
     "tests/faults/test_async_worker_lost.py",
+    "tests/integration/test_ansible_test_units.py",
     "tests/unit/test_metastate.py",
     "tests/integration/test_store_s3.py",
     "tests/integration/test_validate_playbook.py",
@@ -201,6 +202,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = [item for _pos, item in sorted(enumerate(items), key=key)]
 
 
+def _library_tests_only(config: pytest.Config) -> bool:
+    """Every path the run names lies in tests/unit or tests/fuzz, whose tests need no endpoint
+    (``scripts/units``: ``ansible-test units`` names each file of tests/unit)."""
+    here = str(config.invocation_params.dir)
+    paths = [os.path.abspath(os.path.join(here, str(a).split("::", 1)[0])) for a in config.args]
+    dirs = [os.path.join(REPO_ROOT, "tests", d) for d in ("unit", "fuzz")]
+    return bool(paths) and all(any(p == d or p.startswith(d + os.sep) for d in dirs) for p in paths)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, start one moto server in the controller for all workers (the workers
     inherit its directory through the environment); it stops with the controller."""
@@ -212,7 +222,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not getattr(config.option, "numprocesses", None):
         return
-    if "not integration" in (getattr(config.option, "markexpr", "") or ""):
+    if "not integration" in (getattr(config.option, "markexpr", "") or "") or _library_tests_only(config):
         return
     import tempfile
 
@@ -274,17 +284,21 @@ def _cpu_now() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-_LAST_CPU = [_cpu_now()]
+#: (pid, CPU seconds) at the previous report
+_LAST_CPU = [(os.getpid(), _cpu_now())]
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     """Each report (setup, call, teardown) carries the CPU used since the previous one, as a
-    user property (xdist sends those to the controller)."""
+    user property (xdist sends those to the controller). Under ``ansible-test units`` each test
+    runs in a fork of its own (ansible-test's ansible_forked plugin), whose counts start at
+    zero: there the baseline is zero, not the parent's figure."""
     outcome = yield
-    now = _cpu_now()
-    outcome.get_result().user_properties.append((_CPU_KEY, now - _LAST_CPU[0]))
-    _LAST_CPU[0] = now
+    pid, now = os.getpid(), _cpu_now()
+    last_pid, last = _LAST_CPU[0]
+    outcome.get_result().user_properties.append((_CPU_KEY, now - (last if last_pid == pid else 0.0)))
+    _LAST_CPU[0] = (pid, now)
 
 
 def pytest_runtest_logreport(report: Any) -> None:

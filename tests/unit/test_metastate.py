@@ -30,6 +30,11 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import
 
 from store_faults import ends_before_lock_check, paused_commit  # noqa: E402  (tests/support, on sys.path through tests/conftest.py)
 
+# the directory holding the ansible_collections this process imported the library from (the
+# checkout's .venv/collections under scripts/test; the copy's parent under `ansible-test units`,
+# scripts/units), for the processes these tests start
+LIBRARY_PATH = str(Path(metastate.__file__).parents[7])
+
 
 def _ms(tmp_path: Path, **kw) -> MetaState:
     return MetaState(str(tmp_path / "cfg"), **kw)
@@ -513,7 +518,7 @@ HOLDER = textwrap.dedent("""
 
 
 def _holder(ms: MetaState, hold: float) -> subprocess.Popen:
-    code = HOLDER.format(collections=str(COLLECTIONS), root=ms.config_root, hold=hold)
+    code = HOLDER.format(collections=LIBRARY_PATH, root=ms.config_root, hold=hold)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.strip() == "LOCKED", line
