@@ -83,18 +83,18 @@ def summary_lines(s: Mapping[str, Any]) -> List[str]:
         attached = " attached to " + ", ".join(v["attached_to"]) if v["attached_to"] else ""
         lines.append("volume %s (%s, %d GiB, %s, %s)%s" % (v["name"], v["volume_id"], v["size"], v["zone"], v["state"], attached))
     for f in s["filesystems"]:
-        points = "access points " + ", ".join(str(p) for p in f["access_points"]) if f["access_points"] else "no access points"
         lines.append("filesystem %s (%s): %s, %d mount target(s)" % (
-            f["name"], f["file_system_id"], points, f["mount_targets"]))
+            f["name"], f["file_system_id"], _listed("access points", f["access_points"]), f["mount_targets"]))
     for b in s["buckets"]:
         if "error" in b:
             lines.append("bucket %s (storage %s): unavailable: %s" % (b["bucket"], b["storage"], b["error"]))
         else:
             lines.append("bucket %s (storage %s): %d lifecycle rule(s), %s" % (
-                b["bucket"], b["storage"], b["lifecycle_rules"], _tags_text(b["tags"])))
+                b["bucket"], b["storage"], b["lifecycle_rules"],
+                _listed("tags", ["%s=%s" % (k, b["tags"][k]) for k in sorted(b["tags"])])))
     return lines
 
 
-def _tags_text(tags: Mapping[str, Any]) -> str:
-    """``tags Key=value, ...`` by key (a line an operator reads, not a Python mapping)."""
-    return "tags " + ", ".join("%s=%s" % (k, tags[k]) for k in sorted(tags)) if tags else "no tags"
+def _listed(what: str, items: List[Any]) -> str:
+    """``<what> a, b`` or ``no <what>``: part of a line an operator reads, not a Python list."""
+    return "%s %s" % (what, ", ".join(str(i) for i in items)) if items else "no %s" % what
