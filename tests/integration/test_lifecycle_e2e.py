@@ -241,6 +241,12 @@ def test_dry_run_plans_nothing(site, moto_endpoint):
     assert "dry run: nothing is planned or applied" in run.out
     assert set(e2e.recap(run.out)) == {"localhost"}, e2e.recap(run.out)   # no root host: nothing planned
     assert "Plan to a plan file" not in run.out
+    # the dry run, the playbooks' default, warns about nothing: each lifecycle's second play
+    # (its roots) has no host to run on and is skipped without Ansible's "Could not match
+    # supplied host pattern" warning
+    assert run.out.count("skipping: no hosts matched") == 3, run.tail()
+    warnings = [line for line in run.out.splitlines() if line.startswith(("[WARNING]", "[DEPRECATION WARNING]"))]
+    assert warnings == [], warnings
     # ... but it lists what a real run would execute per root (the manual's deferred commands)
     for key in ("identity-", "storage-aws-ebs", "instance-image-"):
         assert re.search(r"%s[\w.-]* would run:" % re.escape(key), run.out), key
