@@ -45,8 +45,10 @@ def tree(moto_endpoint, tmp_path_factory):
 
 def test_dry_run_prints_the_order_and_changes_nothing(tree):
     before = meta_bytes(tree.root)
-    res = tree.play("destroy_environment.yml", real=False, environment=ENV)
+    res = tree.play("destroy_environment.yml", real=False, csis_environment=ENV)
     assert res.returncode == 0, tail(res)
+    # the documented variable: no Ansible warning (`-e environment=`, the real run below, has one)
+    assert "[WARNING]" not in res.stdout + res.stderr, tail(res)
     out = text(res).replace("''", "'")  # the YAML callback doubles the quotes of quoted lines
     order = ["cascade of environment '%s' (runtimes: %s), leaves first:" % (ENV, RT),
              "1. ephemeral (instance-image): nothing to do",
@@ -68,7 +70,8 @@ def test_the_cascade_destroys_leaves_first(tree):
     ec2 = tree.moto.client("ec2")
     vol = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     iid = meta(tree.root, "instance-state.yaml")["instances"]["test2"]["current"]["instance_id"]
-    # as an AWX job runs it: the cascade's approval names the AWX user and job, as every record does
+    # as an AWX job runs it: the cascade's approval names the AWX user and job, as every record does;
+    # `-e environment=<name>`, the variable's other name, is read as well
     res = tree.play("destroy_environment.yml", environment=ENV, awx_user_name="carol", awx_job_id=77,
                     awx_workflow_job_id=70)
     assert res.returncode == 0, tail(res)
