@@ -25,7 +25,8 @@ description:
     (for its own message) or when it is the binary's only root. A root validated together keeps no
     C(.terraform/) of its own but the stamp; run C(terraform init) in it before any terraform command. A root unchanged since its last
     successful fmt/init/validate is not prepared again; one whose files changed only where C(init) does
-    not read (a module call's argument, a launch script) is not initialised again. Every terraform process gets C(GOGC=400) and
+    not read (a module call's argument, a launch script), or that only lost module calls (a detach, a
+    decommission), is not initialised again. Every terraform process gets C(GOGC=400) and
     C(GOMEMLIMIT=1GiB) unless the environment sets either (less CPU for a little more memory; see
     docs/terraform.md). A real run runs C(fmt -check) and C(init -reconfigure -backend-config=<backend file>);
     it does not validate, because its plan validates the same configuration seconds later
@@ -261,7 +262,8 @@ roots:
       description:
         - The terraform commands run to prepare the root (C(fmt), C(init), and C(validate) in a dry run).
         - "C((unchanged since the last successful fmt/init/validate)) for a root prepared before with the same files, and
-          C((init: what it reads is unchanged since the last successful init)) in place of an C(init) that was not needed."
+          C((init: not needed: what it reads is unchanged since the last successful init, or only module calls were removed))
+          in place of an C(init) that was not needed."
         - Empty when nothing was prepared (check mode, O(prepare=false)).
       type: list
       elements: str

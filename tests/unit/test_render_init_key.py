@@ -123,3 +123,58 @@ def test_each_kind_of_run_keeps_its_own_stamp(tmp_path: Any) -> None:
     assert not writer._stamped(stamp, False, "k")  # pylint: disable=protected-access
     writer._stamp_kind(d, True, "k2", stamp, "di", keep_other=False)  # pylint: disable=protected-access
     assert writer._read_stamp(d) == {"dry": "k2", "init": "di"}  # pylint: disable=protected-access
+
+
+def _state(d: str) -> Any:
+    return writer.init_state(d, "terraform", False, "root.tfbackend.hcl")
+
+
+TWO_CALLS = CALL + CALL.split("\n\nresource", maxsplit=1)[0].replace("instance_a", "instance_b") + "\n"
+
+
+def test_the_init_state_names_each_module_call_and_directory(tmp_path: Any) -> None:
+    state = _state(_root(tmp_path, call=TWO_CALLS))
+    assert state["calls"] == {"instance_a": 'source = "../.modules/0.1.0/aws_instance"\n',
+                              "instance_b": 'source = "../.modules/0.1.0/aws_instance"\n'}
+    assert list(state["dirs"]) == [os.path.normpath(os.path.join(str(tmp_path), "../.modules/0.1.0/aws_instance"))]
+    # the arguments of a call are not in it; what else init reads is in the base alone
+    assert state["base"] == _state(_root(tmp_path, call=TWO_CALLS.replace("var.a_ami_id", '"ami-1"')))["base"]
+
+
+def test_an_init_holds_for_a_root_that_only_lost_module_calls(tmp_path: Any) -> None:
+    """A detach, a decommission, a cascade phase removes module calls: terraform needs no new
+    init for that (it ignores what its modules.json lists and the configuration no longer calls),
+    so the stamp's state, which names more calls, still holds."""
+    held = _state(_root(tmp_path, call=TWO_CALLS))
+    assert writer._init_holds(held, _state(_root(tmp_path, call=CALL)))  # pylint: disable=protected-access
+    assert writer._init_holds(held, held)  # pylint: disable=protected-access
+    # ... and a call put back as it was installed still finds it
+    assert writer._init_holds(held, _state(_root(tmp_path, call=TWO_CALLS)))  # pylint: disable=protected-access
+
+
+def test_an_init_does_not_hold_for_anything_new(tmp_path: Any) -> None:
+    held = _state(_root(tmp_path))
+    changes = {
+        "a new module call": dict(call=TWO_CALLS),
+        "a new source": dict(call=CALL.replace("0.1.0", "0.2.0")),
+        "a new resource type": dict(call=CALL + 'resource "random_id" "x" {\n  byte_length = 2\n}\n'),
+        "the provider constraint": dict(main=MAIN.replace("< 6.0", "< 7.0")),
+        "the backend file": dict(backend='bucket = "other"\n'),
+    }
+    for what, change in changes.items():
+        assert not writer._init_holds(held, _state(_root(tmp_path, **change))), what  # pylint: disable=protected-access
+        _root(tmp_path)
+    # a module directory whose files changed since the init
+    now = dict(held, dirs={d: "0" * 64 for d in held["dirs"]})
+    assert not writer._init_holds(held, now)  # pylint: disable=protected-access
+    # an older stamp's digest, or none, holds nothing
+    for old in (None, "abc", {"base": held["base"]}):
+        assert not writer._init_holds(old, held), old  # pylint: disable=protected-access
+
+
+def test_the_stamp_keeps_the_init_state(tmp_path: Any) -> None:
+    d = _root(tmp_path)
+    os.makedirs(os.path.join(d, ".terraform"))
+    state = _state(d)
+    writer._write_stamp(d, real="r", init=state)  # pylint: disable=protected-access
+    assert writer._read_stamp(d) == {"real": "r", "init": state}  # pylint: disable=protected-access

@@ -243,13 +243,17 @@ def _module_dirs(plan_dir: str) -> List[str]:
     return sorted(out)
 
 
+def _module_dir_digest(h: Any, d: str) -> None:
+    for base, dirs, names in os.walk(d):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        for n in sorted(names):
+            p = os.path.join(base, n)
+            h.update(p.encode() + b"\0" + (_read(p) or "").encode() + b"\0")
+
+
 def _module_dirs_digest(h: Any, plan_dir: str) -> None:
     for d in _module_dirs(plan_dir):
-        for base, dirs, names in os.walk(d):
-            dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-            for n in sorted(names):
-                p = os.path.join(base, n)
-                h.update(p.encode() + b"\0" + (_read(p) or "").encode() + b"\0")
+        _module_dir_digest(h, d)
 
 
 def prepare_key(plan_dir: str, binary: str, dry_run: bool) -> str:
@@ -294,22 +298,66 @@ def init_inputs(plan_dir: str) -> List[str]:
     return out
 
 
-def init_key(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str]) -> str:
-    """What a successful ``init`` of ``plan_dir`` depended on (:func:`init_inputs`, the backend
-    file, the modules the root calls, the binary, the kind of init). A root whose files changed
-    and whose init key did not is not initialised again: fmt (and in a dry run validate) only."""
+#: a module block's first line as :func:`init_inputs` gives it (``<file>: module "<name>" {``)
+_MODULE_INPUT = re.compile(r'^[^:]+: module "([^"]+)" \{$')
+
+
+def init_state(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str]) -> Dict[str, Any]:
+    """What a successful ``init`` of ``plan_dir`` depends on, in three parts: ``base``, a digest of
+    everything but the module calls (the binary, the kind of init, the ``terraform`` blocks, the
+    provider, resource and data blocks' first lines, the backend file); ``calls``, each module
+    call's ``source`` and ``version`` lines by call name; ``dirs``, a digest of each local module
+    directory the root calls (:func:`init_inputs` has the lines). Stamped after the init
+    (:func:`_init_holds` compares a root's state with what its ``.terraform/`` holds)."""
     h = hashlib.sha256()
     h.update(("%s|%s|" % (binary, dry_run)).encode())
-    h.update("\n".join(init_inputs(plan_dir)).encode() + b"\0")
+    calls: Dict[str, str] = {}
+    call = None
+    for line in init_inputs(plan_dir):
+        m = _MODULE_INPUT.match(line)
+        if m:
+            call = m.group(1)
+            calls[call] = ""
+        elif call is not None and _MODULE_INIT_LINE.match(line.split(": ", 1)[1]):
+            calls[call] += line.split(": ", 1)[1].strip() + "\n"
+        else:
+            call = None
+            h.update(line.encode() + b"\n")
     if backend_file:
         path = backend_file if os.path.isabs(backend_file) else os.path.join(plan_dir, backend_file)
         h.update(path.encode() + b"\0" + (_read(path) or "").encode() + b"\0")
-    _module_dirs_digest(h, plan_dir)
-    return h.hexdigest()
+    dirs = {}
+    for d in _module_dirs(plan_dir):
+        dh = hashlib.sha256()
+        _module_dir_digest(dh, d)
+        dirs[d] = dh.hexdigest()
+    return {"base": h.hexdigest(), "calls": calls, "dirs": dirs}
+
+
+def init_key(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str]) -> str:
+    """One digest of :func:`init_state`: equal for two roots whose ``init`` reads the same."""
+    return hashlib.sha256(json.dumps(init_state(plan_dir, binary, dry_run, backend_file),
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def _init_holds(held: Any, now: Mapping[str, Any]) -> bool:
+    """Whether a root's ``.terraform/``, initialised with ``held`` (its stamp's :func:`init_state`),
+    serves a root whose state is ``now`` with no new ``init``: everything but the module calls
+    is the same, and every module call and module directory ``now`` names was installed as it is
+    now. A call removed since (a detach, a decommission, a cascade phase) needs no init: terraform
+    ignores a module its ``modules.json`` lists and the configuration no longer calls. An older
+    stamp (one digest) holds nothing: the root is initialised once more."""
+    if not isinstance(held, dict) or held.get("base") != now["base"]:
+        return False
+    calls, dirs = held.get("calls"), held.get("dirs")
+    if not isinstance(calls, dict) or not isinstance(dirs, dict):
+        return False
+    return (all(calls.get(name) == lines for name, lines in now["calls"].items())
+            and all(dirs.get(d) == digest for d, digest in now["dirs"].items()))
 
 
 UNCHANGED = "(unchanged since the last successful fmt/init/validate)"
-INIT_UNCHANGED = "(init: what it reads is unchanged since the last successful init)"
+INIT_UNCHANGED = "(init: not needed: what it reads is unchanged since the last successful init, or only module calls were removed)"
 
 
 def _kind(dry_run: bool) -> str:
@@ -320,31 +368,33 @@ def _read_stamp(plan_dir: str) -> Dict[str, str]:
     """The stamp: ``dry`` and ``real``, the prepare key of the root's last successful dry and
     real preparation (:func:`prepare_key`; each kind keeps its own, so a dry run between two real
     runs costs the second no init, nor a real run between two dry runs the second a validate),
-    and ``init``, the init key of what ``.terraform/`` holds (:func:`init_key`). An older stamp has
-    one ``key`` (of either kind: the key says which) or is that key alone on a line."""
+    and ``init``, what ``.terraform/`` holds (:func:`init_state`; a digest in older stamps). An
+    older stamp has one ``key`` (of either kind: the key says which) or is that key alone on a line."""
     text = (_read(os.path.join(plan_dir, STAMP)) or "").strip()
     try:
         data = json.loads(text)
     except ValueError:
         return {"key": text} if text else {}
-    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str) or (k == "init" and isinstance(v, dict))}
 
 
-def _stamped(stamp: Mapping[str, str], dry_run: bool, key: str) -> bool:
+def _stamped(stamp: Mapping[str, Any], dry_run: bool, key: str) -> bool:
     """Whether the root was prepared successfully, for this kind of run, with the inputs of ``key``."""
     return key in (stamp.get(_kind(dry_run)), stamp.get("key"))
 
 
 def _write_stamp(plan_dir: str, dry: Optional[str] = None, real: Optional[str] = None,
-                 init: Optional[str] = None) -> None:
+                 init: Any = None) -> None:
     stamp = os.path.join(plan_dir, STAMP)
     os.makedirs(os.path.dirname(stamp), exist_ok=True)
     data = {k: v for k, v in (("dry", dry), ("real", real), ("init", init)) if v}
     with open(stamp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data) + "\n")
+        fh.write(json.dumps(data, sort_keys=True) + "\n")
 
 
-def _stamp_kind(plan_dir: str, dry_run: bool, key: str, old: Mapping[str, str], init: Optional[str],
+def _stamp_kind(plan_dir: str, dry_run: bool, key: str, old: Mapping[str, Any], init: Any,
                 keep_other: bool = True) -> None:
     """Stamp a successful preparation of this kind; the other kind's key stays when ``keep_other``
     (a real run's init leaves a dry run's validation true; a dry run's init in the root itself
@@ -431,9 +481,10 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
         if cache_filled is not None and fills_cache:
             cache_filled.set()
         return [{"cmd": UNCHANGED, "rc": 0, "stdout": "", "stderr": ""}]
-    ikey = init_key(plan_dir, binary, dry_run, backend_file)
-    # the files changed, not what init reads (a module argument, a launch script): no init
-    init_done = stamp.get("init") == ikey
+    inow = init_state(plan_dir, binary, dry_run, backend_file)
+    # the files changed, not what init reads (a module argument, a launch script), or only by
+    # module calls removed: no init, and the stamp keeps what .terraform/ holds
+    init_done = _init_holds(stamp.get("init"), inow)
     done = []
     for args in terraform.prepare_steps(dry_run, backend_file):
         if defer_validate and args[0] in ("init", "validate"):
@@ -456,7 +507,8 @@ def prepare_root(plan_dir: str, binary: str, dry_run: bool, backend_file: Option
         cache_filled.set()  # a deferred or unchanged init filled nothing
     if not defer_validate:
         # a dry run that initialised the root itself replaced a real run's init there
-        _stamp_kind(plan_dir, dry_run, key, stamp, ikey, keep_other=not dry_run or init_done)
+        _stamp_kind(plan_dir, dry_run, key, stamp, stamp.get("init") if init_done else inow,
+                    keep_other=not dry_run or init_done)
     return done
 
 
@@ -535,8 +587,9 @@ def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Opt
         _stamp_kind(plan_dir, dry_run, prepare_key(plan_dir, binary, dry_run), old, old.get("init"))
         return done
     done = _init_and_validate(plan_dir, binary, dry_run, backend_file, extra_env, initialised)
-    _stamp_kind(plan_dir, dry_run, prepare_key(plan_dir, binary, dry_run), old,
-                init_key(plan_dir, binary, dry_run, backend_file), keep_other=not dry_run or initialised)
+    held = old.get("init") if initialised else init_state(plan_dir, binary, dry_run, backend_file)
+    _stamp_kind(plan_dir, dry_run, prepare_key(plan_dir, binary, dry_run), old, held,
+                keep_other=not dry_run or initialised)
     return done
 
 
