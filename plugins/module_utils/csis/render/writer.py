@@ -364,7 +364,7 @@ def _kind(dry_run: bool) -> str:
     return "dry" if dry_run else "real"
 
 
-def _read_stamp(plan_dir: str) -> Dict[str, str]:
+def _read_stamp(plan_dir: str) -> Dict[str, Any]:
     """The stamp: ``dry`` and ``real``, the prepare key of the root's last successful dry and
     real preparation (:func:`prepare_key`; each kind keeps its own, so a dry run between two real
     runs costs the second no init, nor a real run between two dry runs the second a validate),
