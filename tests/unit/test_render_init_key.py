@@ -2,8 +2,8 @@
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
 """What ``terraform init`` of a rendered root depends on (render/writer.py ``init_inputs`` and
-``init_key``): a change where init does not read (a module call's argument, a launch script,
-a variable) keeps the key; a new module call, a new source, a provider, the terraform block
+``init_state``): a change where init does not read (a module call's argument, a launch script,
+a variable) keeps the state; a new module call, a new source, a provider, the terraform block
 or the backend file changes it. Pure library: no terraform runs here (the real-terraform
 side is in tests/integration/test_render_validate_together.py)."""
 from __future__ import annotations
@@ -61,8 +61,8 @@ def _root(tmp_path: Any, main: str = MAIN, call: str = CALL, backend: str = 'buc
     return d
 
 
-def _key(d: str) -> str:
-    return writer.init_key(d, "terraform", False, "root.tfbackend.hcl")
+def _key(d: str) -> Any:
+    return writer.init_state(d, "terraform", False, "root.tfbackend.hcl")
 
 
 def test_init_inputs_are_the_blocks_init_reads(tmp_path: Any) -> None:

@@ -315,11 +315,12 @@ def init_state(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional
     call = None
     for line in init_inputs(plan_dir):
         m = _MODULE_INPUT.match(line)
+        text = line.split(": ", 1)[1]
         if m:
             call = m.group(1)
             calls[call] = ""
-        elif call is not None and _MODULE_INIT_LINE.match(line.split(": ", 1)[1]):
-            calls[call] += line.split(": ", 1)[1].strip() + "\n"
+        elif call is not None and _MODULE_INIT_LINE.match(text):
+            calls[call] += text.strip() + "\n"
         else:
             call = None
             h.update(line.encode() + b"\n")
@@ -332,12 +333,6 @@ def init_state(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional
         _module_dir_digest(dh, d)
         dirs[d] = dh.hexdigest()
     return {"base": h.hexdigest(), "calls": calls, "dirs": dirs}
-
-
-def init_key(plan_dir: str, binary: str, dry_run: bool, backend_file: Optional[str]) -> str:
-    """One digest of :func:`init_state`: equal for two roots whose ``init`` reads the same."""
-    return hashlib.sha256(json.dumps(init_state(plan_dir, binary, dry_run, backend_file),
-                                     sort_keys=True).encode()).hexdigest()
 
 
 def _init_holds(held: Any, now: Mapping[str, Any]) -> bool:
@@ -447,7 +442,7 @@ def drop_torn_backend_settings(plan_dir: str) -> bool:
 def _init(plan_dir: str, binary: str, args: Sequence[str], extra_env: Optional[Mapping[str, str]],
           fills_cache: bool, cache_filled: Optional[threading.Event] = None) -> Dict[str, Any]:
     """``terraform init`` (``args``) in ``plan_dir``, under the plugin cache lock."""
-    # a run killed during this init leaves no stamp whose init key would skip the next
+    # a run killed during this init leaves no stamp whose init state would skip the next
     _drop_stamp(plan_dir)
     # a run killed during an earlier init may have cut the backend settings short
     drop_torn_backend_settings(plan_dir)
@@ -583,7 +578,7 @@ def _validate_alone(plan_dir: str, binary: str, dry_run: bool, backend_file: Opt
                                       dict(extra_env or {}, TF_DATA_DIR=scratch), False)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        # the real run's initialisation is as it was: its init key and real key stay
+        # the real run's initialisation is as it was: its init state and real key stay
         _stamp_kind(plan_dir, dry_run, prepare_key(plan_dir, binary, dry_run), old, old.get("init"))
         return done
     done = _init_and_validate(plan_dir, binary, dry_run, backend_file, extra_env, initialised)
