@@ -272,6 +272,8 @@ roots:
         - What a real run executes for the root, in order (init, stale-lock release, storage check,
           plan, gate, approval, apply check, unmounts, binding check, transitions, apply, record,
           ephemeral verification), the reference manual's deferred commands. A dry run prints them.
+        - The init is the render's, which a real run skips where what it reads is unchanged since the
+          root's last successful init; its line says so.
       type: list
       elements: str
     initialised:

@@ -134,7 +134,10 @@ class RootPlan:
         """What a real run executes for this root, in order (the ``csis.infra.tofu_root`` chain):
         the manual's deferred commands, which a dry run lists instead of running."""
         tf = self.binary
-        out = ["%s init -input=false -reconfigure%s" % (tf, " -backend-config=%s" % self.backend_file if self.backend_file else ""),
+        # the render's init (writer.prepare_root), which a real run skips where the root's last
+        # successful init still holds (the prepare stamp): listed with that condition
+        out = ["%s init -input=false -reconfigure%s (by the render, unless what init reads is unchanged since the "
+               "root's last successful init)" % (tf, " -backend-config=%s" % self.backend_file if self.backend_file else ""),
                "csis_state_lock (release a stale lock left by a killed run on this machine)"]
         if self.recorded_storages():
             out.append("csis_storage_check %s (recorded storages still exist)" % " ".join(self.recorded_storages()))
