@@ -7,6 +7,8 @@ when it changed something (a snapshot taken, not reused; a snapshot deleted; an 
 removed). The end-to-end archive, restore and bucket destroy are tests/integration/test_day2_storage.py."""
 from __future__ import annotations
 
+import json
+import os
 import uuid
 
 import pytest
@@ -20,12 +22,25 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def root(moto_endpoint, monkeypatch):
+def root(moto_endpoint, monkeypatch, tmp_path):
     for key, value in moto_endpoint.env.items():
         if key.startswith("AWS_"):
             monkeypatch.setenv(key, value)
     url = moto_endpoint.url
-    return {"key": "storage-aws-ebs", "aws": {"region": "us-east-2", "endpoints": {"ec2": url, "s3": url}}}
+    return {"key": "storage-aws-ebs", "aws": {"region": "us-east-2", "endpoints": {"ec2": url, "s3": url}},
+            "directory": str(tmp_path / "root")}
+
+
+def hold_volume(root, storage, volume):
+    """The root's terraform state (a local backend, read as a run reads it) holds ``volume`` as ``storage``'s."""
+    data = os.path.join(root["directory"], ".terraform")
+    os.makedirs(data, exist_ok=True)
+    with open(os.path.join(data, "terraform.tfstate"), "w", encoding="utf-8") as fh:
+        json.dump({"version": 3, "backend": {"type": "local", "config": {"path": None}}}, fh)
+    resources = [{"mode": "managed", "module": "module.storage_%s" % storage, "type": "aws_ebs_volume", "name": "this",
+                  "instances": [{"attributes": {"id": volume}}]}] if volume else []
+    with open(os.path.join(root["directory"], "terraform.tfstate"), "w", encoding="utf-8") as fh:
+        json.dump({"version": 4, "serial": 1, "lineage": "l", "outputs": {}, "resources": resources}, fh)
 
 
 def step(root, t):
@@ -41,15 +56,13 @@ def test_check_mode_tells_the_step_that_changes_from_the_one_that_does_not(root,
     storage = "mnt_data"
     name = "csis-%s-archive" % storage
     vol = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1)["VolumeId"]
-    # the root's terraform state as the step reads it (the archive run reads the real one)
-    state = {"resources": [{"mode": "managed", "module": "module.storage_%s" % storage, "type": "aws_ebs_volume", "name": "this",
-                            "instances": [{"attributes": {"id": vol}}]}]}
+    hold_volume(root, storage, vol)
     snap = {"storage": storage, "action": "snapshot", "snapshot_name": name, "tags": {"csis_config": tag}}
 
     probe = probe_transition(root, snap)
     assert probe == {"would": "snapshot storage mnt_data as %s" % name, "changed": True}
     assert not ec2.describe_snapshots(OwnerIds=["self"], Filters=[{"Name": "tag:csis_config", "Values": [tag]}])["Snapshots"]
-    taken = transitions.snapshot(root, snap, aws.root_access(root["aws"], None), state=state, timeout=120)
+    taken = transitions.snapshot(root, snap, aws.root_access(root["aws"], None), timeout=120)
     assert taken["created"] is True and changed_by("snapshot", taken)
     # a second archive run finds it: reused, not changed, and check mode says so first
     probe, res, changed = step(root, snap)
@@ -81,3 +94,35 @@ def test_check_mode_tells_the_step_that_changes_from_the_one_that_does_not(root,
         probe_transition(root, {"storage": storage, "action": "shred"})
     record = probe_transition(root, {"storage": storage, "action": "record"})
     assert record == {"would": "nothing (a record only)", "changed": False}
+
+
+def test_an_earlier_archives_snapshot_left_behind_is_never_taken_for_this_one(root, moto_endpoint):
+    """A restore whose snapshot deletion failed leaves the earlier archive's snapshot behind, with
+    the archive's tags. The next archive of the restored volume must snapshot that volume: taking the
+    old snapshot as its own would let the apply destroy the volume with an old copy of its data."""
+    ec2 = moto_endpoint.client("ec2")
+    tag = "csis-tr-%s" % uuid.uuid4().hex[:8]
+    storage = "mnt_data"
+    name = "csis-%s-archive" % storage
+    snap = {"storage": storage, "action": "snapshot", "snapshot_name": name, "tags": {"csis_config": tag}}
+    first = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1)["VolumeId"]
+    hold_volume(root, storage, first)
+    old = run_transition(root, snap)
+    assert old["created"] is True
+    # restored from it: a new volume; the old snapshot's deletion never happened
+    restored = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1, SnapshotId=old["snapshot_id"])["VolumeId"]
+    hold_volume(root, storage, restored)
+
+    probe, res, changed = step(root, snap)
+    assert probe == {"would": "snapshot storage mnt_data as %s" % name, "changed": True}
+    assert res["created"] is True and changed and res["snapshot_id"] != old["snapshot_id"]
+    assert ec2.describe_snapshots(SnapshotIds=[res["snapshot_id"]])["Snapshots"][0]["VolumeId"] == restored
+    # that run stopped after its snapshot: the next takes it, not the old one
+    probe, again, changed = step(root, snap)
+    assert probe == {"would": "reuse archive snapshot %s" % res["snapshot_id"], "changed": False}
+    assert (again["snapshot_id"], again["created"], changed) == (res["snapshot_id"], False, False)
+    # and once the apply destroyed the volume (the state holds none), the newest archive snapshot is this archive's
+    hold_volume(root, storage, None)
+    probe, after, changed = step(root, snap)
+    assert (after["snapshot_id"], after["created"], changed) == (res["snapshot_id"], False, False)
+    assert probe == {"would": "reuse archive snapshot %s" % res["snapshot_id"], "changed": False}

@@ -43,17 +43,33 @@ def archive_snapshots(ec2: Any, name: str, storage: str, tags: Optional[Mapping[
     return resp.get("Snapshots") or []
 
 
+def _newest(snaps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return sorted(snaps, key=lambda s: (str(s.get("StartTime")), str(s.get("SnapshotId"))))[-1]
+
+
+def reusable(existing: List[Dict[str, Any]], volume: Optional[str]) -> List[Dict[str, Any]]:
+    """The archive snapshots an archive run may take as its own instead of snapshotting again:
+    those of the volume the root's state holds (a run stopped after taking it), or, once the
+    state holds no volume (the apply that destroyed it ran), any. A snapshot of another volume
+    is an earlier archive's, left behind by a restore whose deletion failed: taking it would
+    destroy the volume with an old copy of its data."""
+    if volume is None:
+        return list(existing)
+    return [s for s in existing if s.get("VolumeId") == volume]
+
+
 def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[str, Any],
              state: Optional[Mapping[str, Any]] = None, timeout: float = 1800.0) -> Dict[str, Any]:
     ec2 = aws.client("ec2", access)
     name = t["snapshot_name"]
     storage = t["storage"]
     existing = archive_snapshots(ec2, name, storage, t.get("tags"))
-    if existing:
-        snap = sorted(existing, key=lambda s: str(s.get("StartTime")))[-1]
+    vol = _volume_id(root, storage, state)
+    mine = reusable(existing, vol)
+    if mine:
+        snap = _newest(mine)
         created = False
     else:
-        vol = _volume_id(root, storage, state)
         if not vol:
             raise TransitionError("no volume named %s to archive (the root's state records no aws_ebs_volume for "
                                   "storage '%s')" % (storage, storage))
@@ -162,7 +178,11 @@ def probe_transition(root: Mapping[str, Any], t: Mapping[str, Any], reveal: Opti
         raise TransitionError("storage '%s': %s (check mode) failed: %s" % (t.get("storage"), action, exc))
     ids = sorted(str(x.get("SnapshotId")) for x in found)
     if action == "snapshot":
-        return ({"would": "reuse archive snapshot %s" % ids[-1], "changed": False} if ids else
+        try:
+            mine = reusable(found, _volume_id(root, t["storage"])) if found else []
+        except Exception:  # pylint: disable=broad-except
+            mine = found  # the state unreadable here: the run reads it, and names any error
+        return ({"would": "reuse archive snapshot %s" % _newest(mine)["SnapshotId"], "changed": False} if mine else
                 {"would": "snapshot storage %s as %s" % (t["storage"], t["snapshot_name"]), "changed": True})
     return ({"would": "delete archive snapshot(s) %s" % ", ".join(ids), "changed": True} if ids else
             {"would": "nothing (no archive snapshot %s)" % t["snapshot_name"], "changed": False})
