@@ -286,6 +286,17 @@ class Validation:
                         self.add("storage", other, "name",
                                  "storage '%s' and the recorded storage '%s' both become the terraform label 'storage_%s'"
                                  % (other, name, m.label(name)))
+        # a launched instance renamed to a name of the same label would be planned as the same module
+        # call: the machine adopted in place under its new name, never decommissioned
+        for name in self.launched_records():
+            if name not in t.instances:
+                for other in t.instances:
+                    if m.label(other) == m.label(name):
+                        self.add("instance", other, "name",
+                                 "instance '%s' and the launched instance '%s' (meta-state/launch-params.yaml) both become "
+                                 "the terraform label 'instance_%s': a launched instance keeps its name; name it '%s' "
+                                 "again, or decommission '%s' first (undeclare it, run playbooks/instance_image.yml)"
+                                 % (other, name, m.label(name), name, name))
         builder_labels: Dict[str, Tuple[str, str]] = {}
         for kind, table in (("instance builder", t.instance_builders), ("storage builder", t.storage_builders),
                             ("group builder", t.group_builders)):
