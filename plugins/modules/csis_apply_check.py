@@ -15,10 +15,11 @@ description:
     they are now (plain YAML, no model; overlays in order, later wins) and fails unless the
     lifecycle's apply flag allows the root.
   - Flags - V(storage) uses C(apply_storage); V(instance-image) (alias V(instances)) uses
-    C(apply_instances); V(identity) uses C(apply_identity) when any file sets it, else it is
+    C(apply_instances); V(identity) uses C(apply_identity) when any file sets it to anything but
+    null, else (unset, or null in the file that sets it last, as the render reads it) it is
     allowed when C(apply_storage) or C(apply_instances) allows the root.
-  - A flag is V(true)/V(false) (null means false) or a list of builder/runtime names (the root
-    or one of O(root_alias) must be listed). Anything else, such as the quoted string C("false"),
+  - A flag is V(true)/V(false) (null means false, but for C(apply_identity), where it means not
+    set) or a list of builder/runtime names (the root or one of O(root_alias) must be listed). Anything else, such as the quoted string C("false"),
     is refused naming the file and key.
   - >-
     Refusals: C(apply-check: no cfg/_config.yml found from the working directory up; refusing to apply),

@@ -200,6 +200,23 @@ def test_identity_fallback(tmp_path):
         check_apply("identity", root="idb", config_root=root3)
 
 
+def test_identity_null_is_unset_as_the_render_reads_it(tmp_path):
+    """``apply_identity: null`` (documented as the default) is not set, at the render and at the
+    apply check alike: the check once read it as false and refused, after the approval, a root the
+    render had let through on apply_storage."""
+    root = _tree(tmp_path, "config:\n  apply_identity: null\n  apply_storage: [idb]\n")
+    out = check_apply("identity", root="idb", config_root=root)
+    assert out["allowed"] and out["key"] == "apply_storage"
+    assert out["msg"].startswith("apply_identity is null (not set) in %s" % os.path.join(root, "cfg", "_config.yml"))
+    with pytest.raises(ApplyCheckRefused, match=r"apply_identity is null \(not set\) in .* and apply_storage is "):
+        check_apply("identity", root="other", config_root=root)
+    # an overlay's null unsets the tree's false, as it does for the render
+    (tmp_path / "2").mkdir()
+    root2 = _tree(tmp_path / "2", "config:\n  apply_identity: false\n  apply_instances: true\n",
+                  overlays={"unset.yml": "config:\n  apply_identity: null\n"})
+    assert check_apply("identity", root="idb", config_root=root2, overlays=["unset.yml"])["key"] == "apply_instances"
+
+
 def test_malformed_yaml_refused(tmp_path):
     root = _tree(tmp_path, "config: [\n")
     with pytest.raises(ApplyCheckRefused, match="not valid YAML"):

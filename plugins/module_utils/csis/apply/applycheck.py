@@ -158,7 +158,11 @@ def check_apply(lifecycle: str, root: Optional[str] = None, root_alias: Sequence
     base = {"lifecycle": lifecycle, "key": key, "config_root": croot, "files_read": read,
             "root": root, "root_alias": aliases, "apply_runtime": narrow}
 
-    if lifecycle == "identity" and key not in values:
+    # apply_identity unset, or null in the file that sets it last: what the render's may_apply does
+    # (config.models keeps that null as unset), so a root the render let through is judged alike
+    if lifecycle == "identity" and (key not in values or values[key].raw is None):
+        unset = ("apply_identity is not set" if key not in values
+                 else "apply_identity is null (not set) in %s" % values[key].source)
         parts = []
         for k in ("apply_storage", "apply_instances"):
             flag, v = _flag(values, k, main)
@@ -166,11 +170,10 @@ def check_apply(lifecycle: str, root: Optional[str] = None, root_alias: Sequence
             if ok:
                 out = dict(base)
                 out.update(allowed=True, flag=flag, source=v.source, key=k,
-                           msg="apply_identity is not set; %s allows root '%s'; proceeding." % (k, root))
+                           msg="%s; %s allows root '%s'; proceeding." % (unset, k, root))
                 return out
             parts.append("%s is %s NOW in %s" % (k, shown(flag, v), v.source))
-        raise ApplyCheckRefused("apply_identity is not set and %s%s -- not applying."
-                                % (" and ".join(parts), for_root))
+        raise ApplyCheckRefused("%s and %s%s -- not applying." % (unset, " and ".join(parts), for_root))
 
     flag, v = _flag(values, key, main)
     ok, _eff = verdict(flag, v)
