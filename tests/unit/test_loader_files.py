@@ -89,3 +89,14 @@ def test_a_file_name_with_a_newline_or_an_escape_prints_as_one_line(tree):
     lines = sorted(str(p) for p in problems)
     assert lines == ["storages/c\\nstorages: all good.yaml: x: unknown key 'x' (allowed here: storages)",
                      "storages/e\\x1b[2Jf.yaml: x: unknown key 'x' (allowed here: storages)"], lines
+
+
+def test_only_yaml_and_yml_files_of_a_kind_directory_are_read(tree):
+    """docs/configuration.md: groups/, images/, storages/, instances/ read ``*.yaml`` and ``*.yml``.
+    Another file there (a rendered ``notes.yaml.html``, an ``x.yhtml``) is not read: it would come back
+    as "unknown key" problems, or worse, declare storages nobody meant to."""
+    for name in ("notes.yaml.html", "x.yhtml"):
+        with open(os.path.join(tree, "storages", name), "w", encoding="utf-8") as fh:
+            fh.write("storages:\n  - {name: stray, type: aws-ebs, size: 1}\n")
+    assert problems_of(tree) == set()
+    assert "stray" not in loader.load_tree_partial(tree)[0].storages

@@ -611,7 +611,9 @@ def _deep_merge(base: Dict[str, Any], patch: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _files(root: str, pattern: str) -> List[str]:
-    return sorted(glob.glob(os.path.join(root, pattern)))
+    # "*.y*ml" stands for the two suffixes docs/configuration.md names, and only those
+    # (glob's own "*.y*ml" would also read a "notes.yaml.html" or an "x.yhtml")
+    return sorted(f for f in glob.glob(os.path.join(root, pattern)) if f.endswith((".yaml", ".yml")))
 
 
 #: the reference's configuration files that csis.infra has no part for (docs/differences.md)
