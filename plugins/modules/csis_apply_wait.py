@@ -87,11 +87,11 @@ EXAMPLES = r"""
 RETURN = r"""
 seconds:
   description: How long the wait took.
-  returned: always
+  returned: when the job finished
   type: float
 ansible_job_id:
   description: The job's id.
-  returned: always
+  returned: when the job finished
   type: str
 outputs:
   description:
