@@ -208,3 +208,18 @@ def test_the_tree_tag_the_machine_carries_is_recorded_from_the_state(tmp_path):
         "csis_config" not in ms.load(IS)["instances"]["n1"]["current"]  # an untagged machine: nothing claimed
     assert record.tree_tag({"tags": {"csis_config": "x"}}) == "x"
     assert record.tree_tag({"tags": None}) is None and record.tree_tag(None) is None
+
+
+def test_a_standing_machine_keeps_the_hash_of_the_launch_script_it_booted_with(tmp_path):
+    """The instance module ignores changes to user_data: a launch script rendered differently later
+    (another collection version, a changed mount) never reaches a standing machine, so its record
+    keeps the hash of the script it ran; a replacement (a new instance id) records the new one."""
+    ms = _ms(tmp_path)
+    root = _instance_root("n0")
+    root["instances"]["n0"]["launch_params"]["user_data_sha256"] = "a" * 64
+    record.record_instance_root(ms, root, _state(n0="i-0"), "r1")
+    root["instances"]["n0"]["launch_params"]["user_data_sha256"] = "b" * 64
+    assert record.record_instance_root(ms, root, _state(n0="i-0"), "r2")["n0"] == "standing"
+    assert ms.load(LP)["instances"]["n0"]["user_data_sha256"] == "a" * 64
+    assert record.record_instance_root(ms, root, _state(n0="i-1"), "r3")["n0"] == "launched"
+    assert ms.load(LP)["instances"]["n0"]["user_data_sha256"] == "b" * 64

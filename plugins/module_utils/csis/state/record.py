@@ -323,6 +323,10 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
             params["launched_run"] = prev.get("launched_run") if (prev.get("launched") and not opened) else run
             if not opened and prev.get("alias"):
                 params["alias"] = prev["alias"]  # a standing machine keeps its alias
+            if not opened and prev.get("launched") and prev.get("user_data_sha256"):
+                # a standing machine ran the launch script it booted with: a newer one (another
+                # collection version's, a changed mount) never reaches it (ignore_changes on user_data)
+                params["user_data_sha256"] = prev["user_data_sha256"]
             txn.save_record("launch-params.yaml", name, params)
             txn.save_record("instance-state.yaml", name, srec)
             storages |= mounted_storages(prev) | mounted_storages(params)
