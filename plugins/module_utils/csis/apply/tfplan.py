@@ -111,12 +111,13 @@ def summary_of(stdout: str, empty: bool) -> str:
 
 
 def run_bounded(argv: Sequence[str], cwd: str, env: Mapping[str, str], timeout: Optional[float],
-                what: str) -> subprocess.CompletedProcess:
+                what: str, umask: int = -1) -> subprocess.CompletedProcess:
     """Run ``argv``; past ``timeout`` seconds stop it as terraform wants to be stopped (SIGINT:
-    it releases its state lock), then SIGKILL 30 s later, and raise :class:`TerraformError`."""
+    it releases its state lock), then SIGKILL 30 s later, and raise :class:`TerraformError`.
+    ``umask``: the process's (-1: this one's)."""
     try:
         proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=umask)
     except OSError as exc:
         raise TerraformError("%s: cannot run %s: %s" % (cwd, argv[0], exc)) from exc
     try:
@@ -170,11 +171,13 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
         result.update(changes=None, summary="(check mode: not planned)", waiting_for=[])
         return result
     t0 = time.monotonic()
-    proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ, root=root), timeout, "terraform plan")
+    # a plan file holds the prior state and what data sources read (a remote state's outputs, an
+    # SSM parameter) in clear: the owner's only, from its first byte (terraform creates it as the
+    # umask allows), and still if it was there before with wider permissions (kept by a truncation)
+    proc = run_bounded(argv, root, terraform_env(env if env is not None else os.environ, root=root), timeout, "terraform plan",
+                       umask=0o077)
     seconds = round(time.monotonic() - t0, 2)
     if os.path.isfile(plan_path):
-        # a plan file holds the prior state and what data sources read (a remote state's outputs,
-        # an SSM parameter) in clear: the owner's only (terraform writes it as the umask allows)
         os.chmod(plan_path, 0o600)
     if proc.returncode not in (0, 2) or not os.path.isfile(plan_path):
         err = (proc.stderr or proc.stdout or "").strip()[-3000:]

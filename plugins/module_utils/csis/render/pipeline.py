@@ -26,6 +26,7 @@ GENERATED_GITIGNORE = """# written by csis.infra: run output, never commit
 tfplan
 *.tfplan
 *.csis-binding.json
+.apply.log
 unmount-receipts/
 .workspace/
 """
