@@ -61,14 +61,18 @@ def _run(module, p):
     except CsisError as exc:
         fail_from(module, exc)
     wanted = list(p["instances"]) + pending
-    if not wanted_series(tree, wanted):
+    series = wanted_series(tree, wanted)
+    if not series:
         return dict(changed=False, series_heads={})
     try:
         heads = series_heads(tree, wanted, reveal=reveal_of(module))
     except CsisError as exc:
         fail_from(module, exc)
     except Exception as exc:  # botocore: endpoint, credentials
-        fail_from(module, exc, prefix="series heads: describe_images failed: ")
+        fail_from(module, exc, prefix="series heads: describe_images failed for %s (an instance follows the image's series or "
+                                      "awaits an upgrade, so the render names its newest AMI; -e csis_resolve_series_heads=false "
+                                      "renders without looking): " % ", ".join("image '%s' on runtime '%s'" % (img, rt)
+                                                                               for img, rt, _pattern in series))
     return dict(changed=False, series_heads=heads)
 
 

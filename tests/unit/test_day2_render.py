@@ -192,3 +192,42 @@ def test_validate_and_render_run_the_same_rules(tree):
         render(tree, ["instance-image"], check_mode=True, prepare=False)
     assert [str(p) for p in validated.value.problems] == [str(p) for p in rendered.value.problems]
     assert any("launch parameters are immutable" in str(p) and "(N26)" in str(p) for p in validated.value.problems)
+
+
+def test_a_series_head_lookup_that_cannot_reach_ec2_names_the_images_and_the_way_out(tree, monkeypatch):
+    """A dry run of the instance-image lifecycle looks up the series head of every followed image
+    (describe_images); offline, or with no EC2 access, its failure says which image needs it and how
+    to render without looking."""
+    import socket
+
+    from ansible_collections.csis.infra.plugins.modules import csis_series_heads
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there: connection refused
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].update(image_policy="follow"))
+    edit(tree, "cfg/runtime-builders.yml",
+         lambda d: d["runtime_builders"][0].update(endpoints={"url": "http://127.0.0.1:%d" % port}))
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "CSIS_AWS_MAX_ATTEMPTS": "1", "CSIS_AWS_CONNECT_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(key, value)
+
+    class Failed(Exception):
+        pass
+
+    class Module:
+        failed = None
+
+        def fail_json(self, **kw):
+            self.failed = kw
+            raise Failed()
+
+    module = Module()
+    with pytest.raises(Failed):
+        csis_series_heads._run(module, {"config_root": tree, "overlays": [], "undeclare": [], "instances": []})
+    assert module.failed["msg"].startswith(
+        "series heads: describe_images failed for image 'imgfile-basic-dask' on runtime '%s' (an instance follows the "
+        "image's series or awaits an upgrade, so the render names its newest AMI; -e csis_resolve_series_heads=false "
+        "renders without looking): " % RT), module.failed
+    assert "127.0.0.1:%d" % port in module.failed["msg"], module.failed
