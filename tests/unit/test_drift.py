@@ -365,3 +365,23 @@ def test_check_recorded_storages_missing_is_hard_and_protects_the_active_ones(tm
     asked.clear()
     assert d.check_recorded_storages(root, {"other": storages["other"]}, factory=factory)["checked"] == []
     assert asked == []
+
+
+def test_an_archive_snapshot_is_looked_up_as_the_restore_finds_it_with_the_trees_tag():
+    """Another tree's archive of a same-named storage is not this tree's: the restore's data source
+    filters on csis_config, so the drift lookup does too (or that snapshot would hide a missing one)."""
+    seen = []
+
+    def snaps(**kw):
+        seen.append(kw["Filters"])
+        mine = {"Name": "tag:csis_config", "Values": ["tree-a"]} in kw["Filters"]
+        return {"Snapshots": [{"SnapshotId": "snap-a", "State": "completed"}] if mine else []}
+
+    ep = Endpoint({"region": "r", "endpoints": {}}, lambda s, a: FakeClient({"describe_snapshots": snaps}))
+    exp = st("mnt_data", rec="archived", archive="csis-mnt_data-archive", tag="tree-a")
+    assert lookups.lookup_storage(ep, exp)["id"] == "snap-a"
+    assert lookups.lookup_storage(ep, dict(exp, tag="tree-b")) == {
+        "present": False, "what": "archive snapshot", "id": "csis-mnt_data-archive"}
+    assert seen[0] == [{"Name": "tag:Name", "Values": ["csis-mnt_data-archive"]},
+                       {"Name": "tag:csis_storage", "Values": ["mnt_data"]},
+                       {"Name": "tag:csis_config", "Values": ["tree-a"]}]

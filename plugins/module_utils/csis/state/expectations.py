@@ -22,10 +22,11 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
 
     ``{"tag": <csis_config>, "runtimes": [names], "storages": {name: {...}}, "instances": {name: {...}}}``;
     each storage: ``name, declared, declared_state, recorded_state, type, builder, runtime,
-    volume_id, file_system_id, bucket, archive, lifecycle``; each instance: ``name, runtime,
+    volume_id, file_system_id, bucket, archive, lifecycle, tag`` (the tree's ``csis_config``); each instance: ``name, runtime,
     instance_id, recorded_ami, pin, pending``.
     """
     storage_recs = ((meta.get("storage-state.yaml") or {}).get("storages") or {})
+    tag = tree.resource_tag()["csis_config"]
     out_st: Dict[str, Dict[str, Any]] = {}
     for name in sorted(set(tree.storages) | set(storage_recs)):
         rec = storage_recs.get(name) if isinstance(storage_recs.get(name), dict) else None
@@ -54,7 +55,7 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
             "bucket": bucket,
             "archive": facts.get("archive") or (archive_snapshot_name(name)
                                                 if stype == "ebs" else None),
-            "lifecycle": lifecycle,
+            "lifecycle": lifecycle, "tag": tag,
         }
     lps = ((meta.get("launch-params.yaml") or {}).get("instances") or {})
     iss = ((meta.get("instance-state.yaml") or {}).get("instances") or {})
@@ -76,5 +77,5 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
                         "recorded_ami": cur.get("ami_id"), "pin": pin_map.get(name),
                         "pending": pending.get(name) if name in pending else None,
                         "is_pending": name in pending}
-    return {"tag": tree.resource_tag()["csis_config"], "runtimes": sorted(tree.runtimes),
+    return {"tag": tag, "runtimes": sorted(tree.runtimes),
             "storages": out_st, "instances": out_in}

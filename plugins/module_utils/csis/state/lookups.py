@@ -48,10 +48,14 @@ def lookup_volume(ep: Endpoint, vid: str) -> Dict[str, Any]:
             "attached_to": [a.get("InstanceId") for a in v.get("Attachments") or []]}
 
 
-def lookup_snapshot(ep: Endpoint, name: str, storage: str) -> Dict[str, Any]:
+def lookup_snapshot(ep: Endpoint, name: str, storage: str, tag: Optional[str] = None) -> Dict[str, Any]:
+    """The archive snapshot ``name`` of ``storage``, of this tree (``tag``: its ``csis_config``) as the
+    restore's data source finds it: another tree's archive of a same-named storage is not this one's."""
+    filters = [{"Name": "tag:Name", "Values": [name]}, {"Name": "tag:csis_storage", "Values": [storage]}]
+    if tag:
+        filters.append({"Name": "tag:csis_config", "Values": [tag]})
     try:
-        snaps = ep.call("ec2", "describe_snapshots", OwnerIds=["self"], Filters=[
-            {"Name": "tag:Name", "Values": [name]}, {"Name": "tag:csis_storage", "Values": [storage]}]).get("Snapshots") or []
+        snaps = ep.call("ec2", "describe_snapshots", OwnerIds=["self"], Filters=filters).get("Snapshots") or []
     except Exception as exc:  # noqa: BLE001
         return {"error": error_text(exc), "what": "archive snapshot", "id": name}
     if not snaps:
@@ -129,7 +133,7 @@ def lookup_storage(ep: Endpoint, exp: Mapping[str, Any]) -> Dict[str, Any]:
         return lookup_bucket(ep, exp["bucket"], bool(exp.get("lifecycle")) and rec == "active")
     if stype == "ebs":
         if rec == "archived":
-            return lookup_snapshot(ep, exp["archive"], exp["name"])
+            return lookup_snapshot(ep, exp["archive"], exp["name"], exp.get("tag"))
         if exp.get("volume_id"):
             return lookup_volume(ep, exp["volume_id"])
         return {}
