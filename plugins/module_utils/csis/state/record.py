@@ -6,8 +6,9 @@
 Nothing here trusts the configuration's flags or the requested states: a storage is
 ``active`` because its module's resources are in the state, ``destroyed`` because they
 are gone after an apply that whitelisted the destroy, an instance is ``launched``
-because ``aws_instance.this`` is in the state with an id. The caller runs this only
-after an apply that happened (the role's task order guarantees it).
+because ``aws_instance.this`` is in the state with an id. The caller runs this after the
+root's apply step, also when that run applied nothing: the state holds what applies did, and
+a record a stopped run could not write is written then (the role's task order guarantees it).
 """
 from __future__ import annotations
 
