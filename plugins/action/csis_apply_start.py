@@ -42,10 +42,15 @@ class ActionModule(ActionBase):
         wrap_async = bool(self._task.async_val) and not self._connection.has_native_async
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        # never in diff mode: community.general.terraform's diff is the plan's every before and after
+        # value (terraform show -json: sensitive ones in clear), which --diff (or AWX's "Show Changes")
+        # would print; the gate has shown the plan's changes, masked, before the approval
+        diff, self._task.diff = self._task.diff, False
         try:
             result.update(self._execute_module(module_name=MODULE, module_args=dict(tf_args), task_vars=task_vars,
                                                wrap_async=wrap_async))
         finally:
+            self._task.diff = diff
             for k, old in saved.items():
                 if old is None:
                     os.environ.pop(k, None)

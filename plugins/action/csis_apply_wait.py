@@ -104,6 +104,7 @@ class ActionModule(ActionBase):
         for key in ("started", "finished", "results_file"):
             data.pop(key, None)
         data.pop("_ansible_suppress_tmpdir_delete", None)
+        data.pop("diff", None)  # the plan's raw before/after values (csis_apply_start runs the module without diff)
         if "outputs" in data:  # community.general.terraform's output -json: sensitive values in clear
             data["outputs"] = masked_outputs(data["outputs"])
         result.update(data)

@@ -49,6 +49,9 @@ attributes:
     details: As C(community.general.terraform) supports it.
   diff_mode:
     support: none
+    details: >-
+      The module runs without diff mode whatever the task's (its diff would be the plan's every before and after
+      value, sensitive ones in clear); M(csis.infra.csis_gate_plan) shows the plan's changes, masked.
   platform:
     details: Runs on the controller only (the host must use the local connection when O(secrets) is set).
 """
