@@ -282,9 +282,11 @@ def _pydantic_problems(rel: str, exc: ValidationError, data: Any, model: Any = N
             loc = loc + ("type",)
             msg = "required key is missing (a storage builder's type: %s)" % ", ".join(sorted(m.STORAGE_KINDS))
         elif typ in ("model_type", "model_attributes_type", "dict_type"):
-            msg = "expected a mapping, got %s" % _shown(inp)
+            # the kind only, never the value: a string where a mapping belongs may be the secret
+            # the mapping was to hold (``credentials: <key>``, a ``workspace:`` URL with a token)
+            msg = "expected a mapping, got %s" % _type_word(inp)
         elif typ == "list_type":
-            msg = "expected a list, got %s" % _shown(inp)
+            msg = "expected a list, got %s" % _type_word(inp)
         elif msg.startswith("Input should be"):
             msg = "expected %s, got %s" % (msg[len("Input should be "):].split(", unable")[0], _shown(inp))
         out.append((loc, Problem(rel, _loc_to_key(loc, data), msg)))
