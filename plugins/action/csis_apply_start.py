@@ -22,6 +22,20 @@ from ansible_collections.csis.infra.plugins.plugin_utils import vault
 MODULE = "community.general.terraform"
 
 
+def _private_dir(path):
+    """Make Ansible's async directory this user's only before the job writes its results file
+    there: community.general.terraform's result holds ``terraform output -json``, sensitive outputs
+    in clear, and async_wrapper writes it under a 022 umask. A directory of another owner is left
+    as it is (csis_apply_wait removes the file once read)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        pass  # async_wrapper names a directory it cannot use
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = True
@@ -40,6 +54,8 @@ class ActionModule(ActionBase):
                                     "environment: the host must use the local connection (connection: %s)"
                                     % self._connection.transport)
         wrap_async = bool(self._task.async_val) and not self._connection.has_native_async
+        if wrap_async:
+            _private_dir(os.path.expanduser(self.get_shell_option("async_dir", default="~/.ansible_async")))
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         # never in diff mode: community.general.terraform's diff is the plan's every before and after

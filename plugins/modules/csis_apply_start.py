@@ -23,6 +23,11 @@ description:
     They are never in an C(environment) keyword (Ansible prints it with the command line at C(-vvv)) nor in the
     module's arguments (C(community.general.terraform) echoes C(-var) values). A value that does not decrypt fails
     the task naming its file and key, before terraform runs.
+  - >-
+    As an async job, the module's result (C(terraform output -json), sensitive outputs in clear) passes through a
+    results file in Ansible's async directory (C(ansible_async_dir), default C(~/.ansible_async)), which this plugin
+    makes its owner's only (mode C(0700)) before the job starts; M(csis.infra.csis_apply_wait) removes the file once
+    read and masks the outputs it returns.
 extends_documentation_fragment:
   - csis.infra.attributes
   - csis.infra.attributes.platform

@@ -80,8 +80,12 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
     doc = e2e.read_yaml(storages)
     doc["storages"][0]["tags"] = {"Note": TAG_VALUE}
     e2e.write_yaml(storages, doc)
+    # Ansible's async directory as a user's usually is: made under a 022 umask
+    async_dir = str(tmp_path / "async")
+    os.makedirs(async_dir, mode=0o755)
+    os.chmod(async_dir, 0o755)
     env = dict(ep.env, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_SESSION_TOKEN=SESSION_TOKEN,
-               TF_VAR_csis_sentinel=TF_VAR_VALUE, ANSIBLE_SHOW_CUSTOM_STATS="1")
+               TF_VAR_csis_sentinel=TF_VAR_VALUE, ANSIBLE_SHOW_CUSTOM_STATS="1", ANSIBLE_ASYNC_DIR=async_dir)
     overlays = [ep.overlay_path, e2e.APPLY_ALL]
     outputs = []
 
@@ -105,6 +109,11 @@ def test_sentinel_secrets_appear_nowhere_at_vvv(moto_endpoint, tmp_path):
                              re.M | re.S)
     assert apply_tasks and "changed: [csis-storage-aws-ebs]" in apply_tasks[0], applied.tail()
     assert not [t for t in apply_tasks if "+++ after" in t or '"diff":' in t], apply_tasks
+    # what the apply wrote, and the async directory its result (sensitive outputs in clear) passed
+    # through, are the owner's only, though async_wrapper runs the job under a 022 umask
+    logs = [p for p in _files(root, "generated") if p.endswith(".apply.log")]
+    assert logs and all(os.stat(p).st_mode & 0o077 == 0 for p in logs), [oct(os.stat(p).st_mode) for p in logs]
+    assert os.stat(async_dir).st_mode & 0o077 == 0, oct(os.stat(async_dir).st_mode)
     # csis_plan got the decrypted values in the controller's worker: no module process, so no
     # module file or argument file held them; the one module Ansible started is the apply's
     used = sorted(set(re.findall(r"Using module file (\S+)", applied.out)))

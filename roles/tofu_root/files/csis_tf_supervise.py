@@ -172,6 +172,10 @@ def _copy(src, dst, log, lock):
 
 
 def main(argv):
+    # what terraform writes here (a local backend's state, errored.tfstate) and the apply's log hold
+    # the state's values, sensitive ones in clear: the owner's only (an async apply runs under
+    # async_wrapper's 022 umask, whatever the operator's)
+    os.umask(os.umask(0o077) | 0o077)
     binary = os.environ.get("CSIS_TF_BINARY") or "terraform"
     chain = watched() + _watch_env()
     timeout = _number("CSIS_TF_TIMEOUT", 0)
