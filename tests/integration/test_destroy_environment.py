@@ -66,6 +66,23 @@ def test_dry_run_prints_the_order_and_changes_nothing(tree):
     assert meta_bytes(tree.root) == before
 
 
+def test_check_mode_asks_for_no_approval_and_changes_nothing(tree):
+    """--check of the real cascade shows the order and every destroy, as the dry run does, and runs
+    no phase (each plans on what the one before it applied, which check mode does not apply): it
+    asks for no approval, which a non-interactive check (an AWX job) could not give."""
+    before = meta_bytes(tree.root)
+    res = tree.play("destroy_environment.yml", args=["--check"], csis_environment=ENV, csis_auto_approve=False)
+    assert res.returncode == 0, tail(res)
+    out = text(res)
+    assert "Type 'yes'" not in out and "Not approved" not in out and "Plan:" not in out, tail(res)
+    assert "destroy instance-image-open-tofu: module.instance_test2" in out, tail(res)
+    assert "(check mode: nothing is planned or applied; each phase plans on what the one before it applied)" in out
+    # no phase ran: each phase's render is skipped
+    renders = re.findall(r"^TASK \[csis\.infra\.render : Render the [^\n]*\n(?:[^\n]*\+0000 [^\n]*\n)?(\w+)", res.stdout, re.M)
+    assert renders and set(renders) == {"skipping"}, (renders, tail(res))
+    assert meta_bytes(tree.root) == before
+
+
 def test_the_cascade_destroys_leaves_first(tree):
     ec2 = tree.moto.client("ec2")
     vol = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]

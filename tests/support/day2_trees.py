@@ -80,13 +80,14 @@ class Runner:
         self.env["AWS_EC2_METADATA_DISABLED"] = "true"
 
     def play(self, playbook: str, overlays: Iterable[str] = ("overlays/apply-all.yml",), real: bool = True,
-             **extra: Any) -> subprocess.CompletedProcess:
+             args: Iterable[str] = (), **extra: Any) -> subprocess.CompletedProcess:
         xv: Dict[str, Any] = {"csis_config_root": self.root,
                               "csis_overlays": [self.moto.overlay_path] + list(overlays),
                               "csis_dry_run": not real, "csis_auto_approve": True}
         xv.update(extra)
-        return subprocess.run([PLAYBOOK, os.path.join("playbooks", playbook), "-e", json.dumps(xv)],
-                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=3600, check=False)
+        return subprocess.run([PLAYBOOK, os.path.join("playbooks", playbook), "-e", json.dumps(xv)] + list(args),
+                              cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=3600, check=False)
 
 
 def text(res: subprocess.CompletedProcess) -> str:
