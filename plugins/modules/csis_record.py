@@ -24,7 +24,8 @@ description:
   - Every write is atomic and taken under the meta-state lock. Only the records of the root's own
     instances and storages, their pins and the read-model records of the storages they mount are
     read and written, whatever else meta-state holds (docs/meta-state.md).
-  - Run it after a root's apply step (the C(csis.infra.tofu_root) role does, for every root that may apply), also when
+  - >-
+    Run it after a root's apply step (the C(csis.infra.tofu_root) role does, for every root that may apply), also when
     that run applied nothing: the state then holds what earlier applies did, and a record a run stopped before writing
     (killed, or meta-state unwritable) is written now. It records what the state holds, never what the configuration
     requests; a state changed by hand (C(terraform state rm)) is believed, and the state query reports where it
