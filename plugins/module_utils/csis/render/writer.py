@@ -111,6 +111,8 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
         else:
             shutil.rmtree(old)
     stage = tempfile.mkdtemp(prefix="." + base + ".new-", dir=parent)
+    moved: List[str] = []  # the root's run output, in the stage until the swap
+    swapped = False
     try:
         for n, text in files.items():
             with open(os.path.join(stage, n), "w", encoding="utf-8") as fh:
@@ -128,17 +130,41 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
                 if n in generated or n in files:
                     continue
                 os.replace(os.path.join(directory, n), os.path.join(stage, n))  # .terraform, state, plans ...
+                moved.append(n)
         fsync_dir(stage)
         if os.path.isdir(directory):
             os.replace(directory, old)
             os.replace(stage, directory)
+            swapped = True
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(stage, directory)
+            swapped = True
         fsync_dir(parent)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        # a failure (or Ctrl-C) before the swap: the root keeps its files and gets its run output
+        # (a local state, .terraform/, plans) back; the stage is removed only once nothing of it
+        # is left there (else it stays beside the root, named by the error's path)
+        if not swapped and _put_back(directory, old, stage, moved):
+            shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def _put_back(directory: str, old: str, stage: str, moved: Sequence[str]) -> bool:
+    """Undo an unfinished swap of :func:`write_root`: the old root back in place, the entries
+    moved into the stage back into it. False when any could not be moved back."""
+    try:
+        if not os.path.isdir(directory) and os.path.isdir(old):
+            os.replace(old, directory)
+    except OSError:
+        return False
+    whole = True
+    for n in moved:
+        try:
+            os.replace(os.path.join(stage, n), os.path.join(directory, n))
+        except OSError:
+            whole = False
+    return whole
 
 
 def _tree_present(directory: str) -> Set[str]:
