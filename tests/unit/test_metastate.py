@@ -227,11 +227,25 @@ def test_corrupt_yaml_names_file_and_line(tmp_path):
      "meta-state/storage.yaml: 'storages.data.attachments' must be a list, got integer"),
     ("plan-receipts.yaml", "roots: {storage-aws-ebs: {plans: {abc: {approvals: 5}}}}\n",
      "meta-state/plan-receipts.yaml: roots.storage-aws-ebs.plans.abc.approvals must be a list, got integer"),
-    ("instance-state.yaml", "instances: {a: {current: {private_ip: '-oProxyCommand=touch /tmp/x'}}}\n",
+    ("instance-state.yaml", "instances: {a: {current: {number: 1, private_ip: '-oProxyCommand=touch /tmp/x'}}}\n",
      "meta-state/instance-state.yaml: 'instances.a.current.private_ip' must be an IP address, got "
      "'-oProxyCommand=touch /tmp/x'; " + DAMAGED),
     ("verifications.yaml", "verifications: [{instance: a, ok: 'no'}]\n",
      "meta-state/verifications.yaml: 'verifications[0].ok' must be true or false, got string"),
+    # fields the recorder, the validation and the state query read (an id sent to EC2, a builder looked
+    # up by name): refused where they are read, not as a traceback after an apply
+    ("instance-state.yaml", "instances: {a: {current: {instance_id: i-1, kind: durable}}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.current.number' must be a generation number (1 or more), got None"),
+    ("instance-state.yaml", "instances: {a: {generation: null, current: null}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.generation' must be a mapping, got null"),
+    ("instance-state.yaml", "instances: {a: {current: {number: 1, instance_id: [i-1]}}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.current.instance_id' must be a string, got list"),
+    ("storage-state.yaml", "storages: {data: {state: active, facts: {volume_id: [vol-1]}}}\n",
+     "meta-state/storage-state.yaml: 'storages.data.facts.volume_id' must be a string, got list"),
+    ("storage-state.yaml", "storages: {data: {state: active, facts: {builder: [aws-ebs]}}}\n",
+     "meta-state/storage-state.yaml: 'storages.data.facts.builder' must be a string, got list"),
+    ("verifications.yaml", "verifications: [{instance: a, ok: true, build: [ami-1]}]\n",
+     "meta-state/verifications.yaml: 'verifications[0].build' must be a string, got list"),
     # a key written twice (csis.infra never does): the second would silently win
     ("launch-params.yaml", "instances: {a: {hostname: a-001, hostname: evil-999}}\n",
      "meta-state/launch-params.yaml: YAML syntax error at line 1, column 34: found duplicate key 'hostname'"),

@@ -223,3 +223,29 @@ def test_a_standing_machine_keeps_the_hash_of_the_launch_script_it_booted_with(t
     assert ms.load(LP)["instances"]["n0"]["user_data_sha256"] == "a" * 64
     assert record.record_instance_root(ms, root, _state(n0="i-1"), "r3")["n0"] == "launched"
     assert ms.load(LP)["instances"]["n0"]["user_data_sha256"] == "b" * 64
+
+
+@pytest.mark.parametrize("state,problem", [
+    ([], "the document is not a mapping"),
+    ({"resources": {}}, "'resources' is not a list"),
+    ({"resources": ["x"]}, "resources[0] is not a mapping"),
+    ({"resources": [{"mode": "managed", "name": "this", "instances": []}]}, "resources[0] has no type or no name"),
+    ({"resources": [{"mode": "managed", "type": "aws_instance", "name": "this", "module": "module.inst_n0",
+                     "instances": {"a": 1}}]}, "resources[0] (aws_instance.this): 'instances' is not a list"),
+    ({"resources": [{"mode": "managed", "type": "aws_instance", "name": "this", "module": "module.inst_n0",
+                     "instances": [{"attributes": ["id"]}]}]},
+     "resources[0] (aws_instance.this): instances[0] has no attributes mapping"),
+    # an instance without an id was recorded launched, with instance_id null
+    ({"resources": [{"mode": "managed", "type": "aws_instance", "name": "this", "module": "module.inst_n0",
+                     "instances": [{"attributes": {"ami": "ami-1"}}]}]}, "resources[0] (aws_instance.this): instances[0] has no id"),
+], ids=["a-list", "resources-a-mapping", "a-string-resource", "no-type", "instances-a-mapping", "attributes-a-list",
+        "an-instance-without-id"])
+def test_a_state_not_as_terraform_writes_it_is_refused_naming_what_and_records_nothing(tmp_path, state, problem):
+    ms = _ms(tmp_path)
+    before = sorted(p.name for p in Path(ms.dir).rglob("*")) if os.path.isdir(ms.dir) else []
+    root = dict(_instance_root("n0"), key="instance-image-ec2", directory="/trees/x/generated/instance-image/ec2")
+    with pytest.raises(record.RecordError) as err:
+        record.record_root(ms.config_root, root, "r1", state=state)
+    assert str(err.value) == ("instance-image-ec2: the terraform state does not read as terraform writes it: %s; nothing "
+                              "was recorded (terraform state pull in /trees/x/generated/instance-image/ec2 shows it)" % problem)
+    assert (sorted(p.name for p in Path(ms.dir).rglob("*")) if os.path.isdir(ms.dir) else []) == before

@@ -30,8 +30,45 @@ class RecordError(CsisError):
     pass
 
 
+#: the resource types whose ``id`` a record reads (the ids meta-state keeps, the launch marker)
+ID_READ = ("aws_instance", "aws_ebs_volume", "aws_efs_file_system", "aws_efs_access_point", "aws_s3_bucket")
+
+
+def state_problem(state: Any) -> Optional[str]:
+    """What makes ``state`` other than a state document as terraform writes it (what :func:`resources`
+    reads), or None: read by terraform's ``state pull`` or from the backend, from another tool or edited."""
+    if not isinstance(state, dict):
+        return "the document is not a mapping"
+    res = state.get("resources")
+    if res is not None and not isinstance(res, list):
+        return "'resources' is not a list"
+    for i, r in enumerate(res or []):
+        if not isinstance(r, dict):
+            return "resources[%d] is not a mapping" % i
+        if r.get("mode") != "managed":
+            continue
+        if not isinstance(r.get("type"), str) or not r["type"] or not isinstance(r.get("name"), str) or not r["name"]:
+            return "resources[%d] has no type or no name" % i
+        if not isinstance(r.get("module") or "", str):
+            return "resources[%d] (%s.%s): 'module' is not a string" % (i, r["type"], r["name"])
+        insts = r.get("instances")
+        if insts is not None and not isinstance(insts, list):
+            return "resources[%d] (%s.%s): 'instances' is not a list" % (i, r["type"], r["name"])
+        for j, inst in enumerate(insts or []):
+            attrs = inst.get("attributes") if isinstance(inst, dict) else None
+            if not isinstance(attrs, dict):
+                return "resources[%d] (%s.%s): instances[%d] has no attributes mapping" % (i, r["type"], r["name"], j)
+            if r["type"] in ID_READ and not inst.get("deposed") and (not isinstance(attrs.get("id"), str) or not attrs["id"]):
+                return "resources[%d] (%s.%s): instances[%d] has no id" % (i, r["type"], r["name"], j)
+    return None
+
+
 def resources(state: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """Flatten raw state into [{address, module, type, name, index, attributes}] (managed only)."""
+    """Flatten raw state into [{address, module, type, name, index, attributes}] (managed only).
+    Raises :class:`RecordError` for a state that is not as terraform writes it (:func:`state_problem`)."""
+    problem = state_problem(state)
+    if problem:
+        raise RecordError("the terraform state does not read as terraform writes it: %s" % problem)
     out = []
     for r in state.get("resources") or []:
         if r.get("mode") != "managed":
@@ -401,7 +438,10 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
             got = record_instance_root(ms, root, state, run, context, event)
             key = "instances"
     except MetaStateError as exc:  # (no state read: an identity root, whose audit of the apply failed)
-        raise RecordError(record_failed_message(root, state or {}, exc, applied)) from exc
+        raise RecordError(record_failed_message(root, state if isinstance(state, dict) else {}, exc, applied)) from exc
+    except RecordError as exc:  # the state itself (resources()): nothing was recorded from it
+        raise RecordError("%s: %s; nothing was recorded (terraform state pull in %s shows it)"
+                          % (root.get("key") or root.get("builder"), exc, root.get("directory"))) from exc
     written = got.pop("_written", [])
     bound = got.pop("_bound", [])
     return {key: got, "written": written, **({"bound": bound} if key == "instances" else {})}

@@ -211,10 +211,15 @@ AMI_RE = re.compile(r"^ami-[0-9A-Za-z]{1,32}\Z")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}\Z")
 
 
+#: the string fields of an open generation (null where unknown): what the recorder, the inventory and
+#: the state query read from it and send to EC2
+_CURRENT_STRINGS = ("instance_id", "ami_id", "availability_zone", "instance_type", "alias", "csis_config")
+
+
 def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
     for _key, where, entry in _entries(name, "instances", instances):
         gen = entry.get("generation")
-        if gen is not None:
+        if "generation" in entry:
             _expect_mapping(name, "'%s.generation'" % where, gen)
             for kind in ("durable", "ephemeral"):
                 if kind in gen:
@@ -223,6 +228,9 @@ def _validate_instance_state(name: str, instances: Dict[str, Any]) -> None:
         if cur is not None:
             _expect_mapping(name, "'%s.current'" % where, cur)
             _check_open_generation(name, where, cur, gen)
+            for key in _CURRENT_STRINGS:
+                if cur.get(key) is not None:
+                    _expect_str(name, "'%s.current.%s'" % (where, key), cur[key])
             # the inventory's ansible_host (and the address an SSH unmount logs in to): an address, never
             # a word a connection plugin could take for an option
             for key in ("private_ip", "public_ip"):
@@ -237,8 +245,6 @@ def _check_open_generation(name: str, where: str, cur: Dict[str, Any], gen: Any)
     kind, number = cur.get("kind"), cur.get("number")
     if kind is not None and kind not in ("durable", "ephemeral"):
         raise _fail(name, "'%s.current.kind'" % where, "must be durable or ephemeral, got %r" % (kind,))
-    if number is None:
-        return
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
         raise _fail(name, "'%s.current.number'" % where, "must be a generation number (1 or more), got %r" % (number,))
     counter = gen.get(kind) if isinstance(gen, dict) and kind else None
@@ -283,6 +289,12 @@ def _validate_launch_params(name: str, instances: Dict[str, Any]) -> None:
                     raise _fail(name, at + ".public_read'", "must be true or false, got %s" % _kind(mount["public_read"]))
 
 
+#: the string facts of a storage record (null where unknown): ids the state query sends to AWS, the
+#: builder and type the validation resolves
+_FACT_STRINGS = ("builder", "type", "volume_id", "file_system_id", "bucket_name", "archive", "availability_zone",
+                 "csis_config")
+
+
 def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
     for _key, where, entry in _entries(name, "storages", storages):
         state = entry.get("state")
@@ -295,6 +307,9 @@ def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
                 raise _fail(name, "'%s.generation'" % where, "must be 1 or more, got %d" % entry["generation"])
         if "facts" in entry:
             _expect_mapping(name, "'%s.facts'" % where, entry["facts"])
+            for key in _FACT_STRINGS:
+                if entry["facts"].get(key) is not None:
+                    _expect_str(name, "'%s.facts.%s'" % (where, key), entry["facts"][key])
         if "history" in entry:
             _expect_list(name, "'%s.history'" % where, entry["history"])
 
@@ -367,6 +382,9 @@ def _validate_verifications(name: str, data: Dict[str, Any]) -> None:
         _expect_mapping(name, "'verifications[%d]'" % index, verdict)
         if not isinstance(verdict.get("ok"), bool):
             raise _fail(name, "'verifications[%d].ok'" % index, "must be true or false, got %s" % _kind(verdict.get("ok")))
+        for key in ("instance", "build"):
+            if verdict.get(key) is not None:
+                _expect_str(name, "'verifications[%d].%s'" % (index, key), verdict[key])
 
 
 _DEEP: Dict[str, Callable[[str, Dict[str, Any]], None]] = {
