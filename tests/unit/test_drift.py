@@ -385,3 +385,22 @@ def test_an_archive_snapshot_is_looked_up_as_the_restore_finds_it_with_the_trees
     assert seen[0] == [{"Name": "tag:Name", "Values": ["csis-mnt_data-archive"]},
                        {"Name": "tag:csis_storage", "Values": ["mnt_data"]},
                        {"Name": "tag:csis_config", "Values": ["tree-a"]}]
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("report,problem", [
+    ({"drift": 5}, "'drift' is not a list"),
+    ({"drift": ["missing"]}, "drift[0] is not an object"),
+    ({"drift": [{"hard": True, "name": "mnt_data", "drift": "missing", "detail": "gone"}]}, "drift[0] (a HARD line) has no kind"),
+])
+def test_a_report_whose_drift_lines_are_not_as_the_query_writes_them_is_named(tmp_path, report, problem):
+    """Every lifecycle run reads the report's HARD lines before it starts: a report edited by hand, or
+    cut short, stops it with one line naming the file and what is wrong (a KeyError did)."""
+    path = tmp_path / "generated" / "state-report.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(report))
+    with pytest.raises(d.DriftError) as err:
+        d.last_hard(str(tmp_path), None)
+    assert str(err.value) == "%s: %s; run 'state query' again to rewrite it" % (path, problem)

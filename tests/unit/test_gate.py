@@ -178,6 +178,9 @@ def test_run_gate_plan_json(tmp_path):
 
 @pytest.mark.parametrize("changes,expected", [
     (5, "resource_changes must be a list of objects, got int"),
+    # falsy, but not a list: not read as "no changes"
+    ({}, "resource_changes must be a list of objects, got dict"),
+    ("", "resource_changes must be a list of objects, got str"),
     ([{"address": "a.b", "change": "delete"}], "resource_changes[0] (a.b): change must be an object, got str"),
     ([{"address": "a.b", "change": {"actions": 5}}],
      "resource_changes[0] (a.b): change.actions must be a list of strings, got 5"),
@@ -192,6 +195,31 @@ def test_a_malformed_plan_is_one_message_naming_the_plan(tmp_path, changes, expe
     with pytest.raises(GateError) as err:
         run_gate(plan_json=str(pj))
     assert str(err.value) == "%s: %s" % (pj, expected)
+
+
+@pytest.mark.parametrize("doc,expected", [
+    # terraform show -json of a state (no plan file): no change would ever be refused
+    ({"format_version": "1.0", "terraform_version": "1.11.4", "values": {"root_module": {}}},
+     "this is a state in JSON (`show -json` without a plan file), not a plan: pass the output of `show -json <plan>`"),
+    # a future format, whose changes may be anywhere but resource_changes
+    ({"format_version": "2.0", "planned_changes": [{"address": "a.b", "actions": ["delete"]}]},
+     "plan JSON format_version '2.0' is not one this gate reads (1.x): pass the output of `show -json <plan>` of "
+     "terraform or OpenTofu 1.x"),
+    ({"format_version": "1.2", "errored": "false"}, "the plan's errored must be true or false, got str"),
+], ids=["a-state", "format-2", "errored-a-string"])
+def test_a_document_that_is_not_a_plan_the_gate_reads_is_refused(tmp_path, doc, expected):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(doc))
+    with pytest.raises(GateError) as err:
+        run_gate(plan_json=str(pj))
+    assert str(err.value) == "%s: %s" % (pj, expected)
+
+
+def test_a_plan_json_nested_too_deep_is_one_message(tmp_path):
+    pj = tmp_path / "plan.json"
+    pj.write_text('{"format_version": "1.2", "x": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(GateError, match="cannot read plan JSON %s" % pj):
+        run_gate(plan_json=str(pj))
 
 
 # ----------------------------------------------------------------------------- receipts

@@ -197,6 +197,8 @@ def test_corrupt_yaml_names_file_and_line(tmp_path):
      "meta-state/instance-state.yaml: 'instances.a.current' must be a mapping, got list"),
     ("instance-state.yaml", "instances: {a: {generation: {durable: x}}}\n",
      "meta-state/instance-state.yaml: 'instances.a.generation.durable' must be an integer, got string"),
+    ("pins.yaml", "instances: {123: ami-0abc}\n",
+     "meta-state/pins.yaml: 'instances' must map instance names to AMI ids: the key 123 is integer, not a name"),
     ("pins.yaml", "instances: {a: [ami-1]}\n",
      "meta-state/pins.yaml: 'instances.a' must map an instance name to an AMI id string, got list"),
     ("verifications.yaml", "verifications: 3\n",

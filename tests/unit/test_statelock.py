@@ -147,3 +147,31 @@ def test_only_a_command_that_can_lock_is_a_holder(argv, holds):
     """A dry run's validate of another tree on the same state is no holder (the stale-lock check
     named one); a plan, apply, import or state change is."""
     assert sl.may_hold_lock(argv) is holds
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"\"locked\"", b"{not json", b"[" * 100000])
+def test_a_lock_object_that_is_not_terraforms_is_shown_raw_not_read_as_one(tmp_path, monkeypatch, body):
+    """Another tool's object at the lock's key (or a cut one) is never taken for terraform's lock
+    info: it is shown as it is (a TypeError or RecursionError came out of the JSON instead)."""
+    import io
+
+    class S3:
+        def get_object(self, Bucket, Key):  # noqa: N803 (boto3's names)
+            return {"Body": io.BytesIO(body)}
+
+    monkeypatch.setattr(sl.aws, "client", lambda service, access: S3())
+    info = sl.read_lock(sl.backend_of(_root(tmp_path)))
+    assert info == {"raw": body.decode("utf-8", "replace"),
+                    "lock_object": "s3://b/statefiles/x/aws_ebs.tfstate.tflock"}
+
+
+@pytest.mark.parametrize("config", [["bucket", "b"], {"path": 5}, {"workspace_dir": ["x"]}])
+def test_backend_settings_not_as_terraform_writes_them_are_left_to_terraform(tmp_path, config):
+    from ansible_collections.csis.infra.plugins.module_utils.csis import tfstate
+
+    d = tmp_path / "root"
+    (d / ".terraform").mkdir(parents=True)
+    (d / ".terraform" / "terraform.tfstate").write_text(json.dumps({"backend": {"type": "local", "config": config}}))
+    (d / ".terraform" / "environment").write_text("blue")
+    backend = tfstate.backend_of(str(d))
+    assert backend is None or tfstate.state_object(backend, str(d)) is None

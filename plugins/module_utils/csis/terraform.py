@@ -177,7 +177,7 @@ def root_endpoint_env(root: Optional[str]) -> Dict[str, str]:
     try:
         with open(os.path.join(root, ENDPOINT_ENV_FILE), encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     flag = "TF_VAR_%s" % ENDPOINT_ENV_VARIABLE
     if (not isinstance(data, dict) or data.get(flag) != "true"
@@ -260,7 +260,7 @@ def show_json(plan_path: str, project_path: str, binary_path: str = "terraform",
         raise TerraformError("%s show -json %s failed (exit %d): %s" % (binary_path, plan_path, proc.returncode, err))
     try:
         return json.loads(proc.stdout.decode("utf-8"))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise TerraformError("%s show -json %s printed no JSON: %s" % (binary_path, plan_path, exc))
 
 

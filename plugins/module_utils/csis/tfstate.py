@@ -59,8 +59,8 @@ def backend_of(root: str, data_dir: Optional[str] = None, workspace: Optional[st
     except (OSError, ValueError):
         return None
     backend = doc.get("backend") if isinstance(doc, dict) else None
-    if not isinstance(backend, dict):
-        return None
+    if not isinstance(backend, dict) or not isinstance(backend.get("config") or {}, dict):
+        return None  # not as terraform writes it: terraform reads the state, and names what is wrong
     ws = "default"
     try:
         with open(os.path.join(data, "environment"), "r", encoding="utf-8") as fh:
@@ -89,6 +89,8 @@ def state_object(backend: Mapping[str, Any], root: str) -> Optional[Dict[str, st
             return None
         return {"s3": cfg["bucket"], "key": s3_state_key(cfg, ws)}
     if backend.get("type") == "local":
+        if not all(isinstance(cfg.get(k) or "", str) for k in ("path", "workspace_dir")) or not isinstance(ws, str):
+            return None
         if ws == "default":
             path = cfg.get("path") or "terraform.tfstate"
         else:

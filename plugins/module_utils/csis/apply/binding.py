@@ -82,7 +82,7 @@ def _module_dirs(project_path: str) -> List[str]:
             data = json.load(fh)
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise GateError("cannot read %s: %s" % (path, exc))
     dirs: List[str] = []
     for m in (data or {}).get("Modules") or []:
@@ -203,10 +203,13 @@ def read_binding(plan_path: str) -> Optional[Dict[str, Any]]:
     try:
         with open(binding_path(plan_path), "r", encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("version") != BINDING_VERSION or not isinstance(data.get("opened"), dict):
         return None
+    files = data["opened"].get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        return None  # not as open_binding writes it: no binding (the gate refuses the plan, names why)
     return data
 
 

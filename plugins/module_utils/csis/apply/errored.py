@@ -45,7 +45,7 @@ def errored_state(root: str) -> Optional[Dict[str, Any]]:
     try:
         with open(path, "r", encoding="utf-8") as fh:
             doc = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return info
     if isinstance(doc, dict):
         info["serial"] = doc.get("serial")

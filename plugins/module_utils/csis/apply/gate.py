@@ -74,7 +74,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
         try:
             with open(plan_json, "r", encoding="utf-8") as fh:
                 plan = json.load(fh)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise GateError("cannot read plan JSON %s: %s" % (plan_json, exc))
         verdict = _evaluate(plan_json, plan, allow, refuse_create, required_tags)
         result.update(verdict.as_result())

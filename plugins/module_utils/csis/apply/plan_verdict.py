@@ -146,6 +146,14 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
     carry (:func:`missing_tags`); each that lacks one is a violation."""
     if not isinstance(plan, Mapping) or "format_version" not in plan:
         raise GateError("not a terraform plan in JSON (no format_version): pass the output of `show -json <plan>`")
+    if str(plan["format_version"]).split(".")[0] != "1":
+        raise GateError("plan JSON format_version %r is not one this gate reads (1.x): pass the output of "
+                        "`show -json <plan>` of terraform or OpenTofu 1.x" % (plan["format_version"],))
+    if "values" in plan and "planned_values" not in plan and "resource_changes" not in plan:
+        raise GateError("this is a state in JSON (`show -json` without a plan file), not a plan: pass the output of "
+                        "`show -json <plan>`")
+    if "errored" in plan and not isinstance(plan["errored"], bool):
+        raise GateError("the plan's errored must be true or false, got %s" % type(plan["errored"]).__name__)
     if plan.get("errored"):
         raise GateError("the plan is marked errored: terraform could not finish planning")
     entries = list(allow_destroy or ())
@@ -158,7 +166,9 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
     refuse = [e for e in refuse_create or () if e]
     required = [t for t in required_tags or () if t]
     verdict = PlanVerdict()
-    changes = plan.get("resource_changes") or []
+    changes = plan.get("resource_changes")
+    if changes is None:
+        changes = []
     if not isinstance(changes, list):
         raise GateError("resource_changes must be a list of objects, got %s" % type(changes).__name__)
     for index, rc in enumerate(changes):

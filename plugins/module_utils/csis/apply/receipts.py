@@ -61,7 +61,7 @@ def receipt_problem(path: str, instance: str, storage: str, not_before: Optional
             data = json.load(fh)
     except FileNotFoundError:
         return "no %s" % path
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return "%s is unreadable or not JSON (%s)" % (path, exc.__class__.__name__)
     if not isinstance(data, dict):
         return "%s is not a JSON object" % path

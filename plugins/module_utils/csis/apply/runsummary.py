@@ -58,7 +58,7 @@ def read(config_root: str) -> Optional[Dict[str, Any]]:
     path = path_of(config_root)
     try:
         data = read_json(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise RunSummaryError("%s: cannot be read as the run summary: %s" % (path, exc)) from exc
     if data is None:
         return None

@@ -74,7 +74,9 @@ def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
         raise StateLockError("cannot read the state lock s3://%s/%s: %s" % (bucket, key, exc))
     try:
         info = json.loads(body.decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):
+        info = None
+    if not isinstance(info, dict):  # not a lock terraform wrote: shown as it is, never read as one
         info = {"raw": body.decode("utf-8", "replace")}
     info["lock_object"] = "s3://%s/%s" % (bucket, key)
     return info

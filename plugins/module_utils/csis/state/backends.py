@@ -188,7 +188,7 @@ class FileLock:
         try:
             with open(self.path, "r", encoding="utf-8") as handle:
                 info = json.loads(handle.read() or "{}")
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             info = {}
         return holder_text(info)
 

@@ -403,19 +403,38 @@ def read_report(config_root: str, strict: bool = False) -> Optional[Dict[str, An
     path = report_path(config_root)
     try:
         report = read_json(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         if strict:
             raise DriftError("%s: cannot be read (%s); run 'state query' again to rewrite it"
                              % (path, getattr(exc, "strerror", None) or exc)) from exc
         return None
     if report is None:
         return None
-    if not isinstance(report, dict):
+    problem = "is not a state report (a JSON object)" if not isinstance(report, dict) else _report_problem(report)
+    if problem:
         if strict:
-            raise DriftError("%s: is not a state report (a JSON object); run 'state query' again to rewrite it"
-                             % path)
+            raise DriftError("%s: %s; run 'state query' again to rewrite it" % (path, problem))
         return None
     return report
+
+
+def _report_problem(report: Mapping[str, Any]) -> Optional[str]:
+    """What makes a report's drift lines other than the query writes them (what the refusal and the
+    record of its HARD lines read), or None."""
+    from .store import DRIFT_FIELDS
+    drift = report.get("drift")
+    if drift is None:
+        return None
+    if not isinstance(drift, list):
+        return "'drift' is not a list"
+    for i, d in enumerate(drift):
+        if not isinstance(d, dict):
+            return "drift[%d] is not an object" % i
+        if d.get("hard"):
+            for field in DRIFT_FIELDS:
+                if not isinstance(d.get(field), str) or not d[field]:
+                    return "drift[%d] (a HARD line) has no %s" % (i, field)
+    return None
 
 
 def run_id() -> str:

@@ -270,7 +270,7 @@ def _installed_modules(directory: str, data_dir: Optional[str]) -> set:
     try:
         with open(path, "r", encoding="utf-8") as fh:
             doc = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return set()
     mods = doc.get("Modules") if isinstance(doc, dict) else None
     return {m.get("Key") for m in mods or [] if isinstance(m, dict) and isinstance(m.get("Key"), str)}

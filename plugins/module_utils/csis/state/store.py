@@ -316,7 +316,10 @@ def _validate_storage_state(name: str, storages: Dict[str, Any]) -> None:
 
 def _validate_pins(name: str, data: Dict[str, Any]) -> None:
     for key, build in data["instances"].items():
-        if not isinstance(key, str) or not isinstance(build, str):
+        if not isinstance(key, str):
+            raise _fail(name, "'instances'", "must map instance names to AMI ids: the key %r is %s, not a name"
+                        % (key, _kind(key)))
+        if not isinstance(build, str):
             raise _fail(name, "'instances.%s'" % key, "must map an instance name to an AMI id "
                         "string, got %s" % _kind(build))
         if not NAME_RE.match(key):
