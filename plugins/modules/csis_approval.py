@@ -121,7 +121,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 receipt:
-  description: The receipt as written (or as it would be, in check mode), approvals included.
+  description: >-
+    The receipt as written, approvals included; in check mode, the receipt a request would write, without the
+    approvals it already holds.
   returned: success
   type: dict
   sample: {"requested_by": "alice", "requested_at": "2026-12-01T10:00:00Z", "plan_job": "41", "summary": "Plan: 1 to add, 0 to change, 0 to destroy",

@@ -122,8 +122,10 @@ seealso:
     description: Re-reads the apply flags just before the apply.
 attributes:
   diff_mode:
-    support: full
-    details: Shows the classified changes of the plan.
+    support: partial
+    details: >-
+      Returns the classified changes of the plan as C(diff); the result is never changed, so Ansible's callbacks do
+      not print it (read it from the registered result, or the approval step that prints the same changes).
 '''
 
 EXAMPLES = r'''
