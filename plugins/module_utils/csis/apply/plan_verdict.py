@@ -146,7 +146,7 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
     carry (:func:`missing_tags`); each that lacks one is a violation."""
     if not isinstance(plan, Mapping) or "format_version" not in plan:
         raise GateError("not a terraform plan in JSON (no format_version): pass the output of `show -json <plan>`")
-    if str(plan["format_version"]).split(".")[0] != "1":
+    if str(plan["format_version"]).split(".", maxsplit=1)[0] != "1":
         raise GateError("plan JSON format_version %r is not one this gate reads (1.x): pass the output of "
                         "`show -json <plan>` of terraform or OpenTofu 1.x" % (plan["format_version"],))
     if "values" in plan and "planned_values" not in plan and "resource_changes" not in plan:
