@@ -278,25 +278,20 @@ class Validation:
                              "%s names '%s' and '%s' both become the terraform label '%s%s': rename one"
                              % (kind, seen[lab], name, prefix, lab))
                 seen[lab] = name
-        # recorded (undeclared) storages and instances keep their labels too
-        for name in self.storage_state_records():
-            if name not in t.storages:
-                for other in t.storages:
+        # recorded (undeclared) storages and launched instances keep their labels too: a declared name
+        # of the same label is the same module call (a launched machine renamed so would be adopted in
+        # place under its new name, never decommissioned)
+        instance_note = (": a launched instance keeps its name; name it '%(n)s' again, or decommission '%(n)s' first "
+                         "(undeclare it, run playbooks/instance_image.yml)")
+        for kind, recorded, table, what, note in (
+                ("storage", self.storage_state_records(), t.storages, "the recorded storage", ""),
+                ("instance", self.launched_records(), t.instances, "the launched instance", instance_note)):
+            for name in recorded:
+                for other in () if name in table else table:
                     if m.label(other) == m.label(name):
-                        self.add("storage", other, "name",
-                                 "storage '%s' and the recorded storage '%s' both become the terraform label 'storage_%s'"
-                                 % (other, name, m.label(name)))
-        # a launched instance renamed to a name of the same label would be planned as the same module
-        # call: the machine adopted in place under its new name, never decommissioned
-        for name in self.launched_records():
-            if name not in t.instances:
-                for other in t.instances:
-                    if m.label(other) == m.label(name):
-                        self.add("instance", other, "name",
-                                 "instance '%s' and the launched instance '%s' (meta-state/launch-params.yaml) both become "
-                                 "the terraform label 'instance_%s': a launched instance keeps its name; name it '%s' "
-                                 "again, or decommission '%s' first (undeclare it, run playbooks/instance_image.yml)"
-                                 % (other, name, m.label(name), name, name))
+                        self.add(kind, other, "name", "%s '%s' and %s '%s'%s both become the terraform label '%s_%s'%s"
+                                 % (kind, other, what, name, " (meta-state/launch-params.yaml)" if note else "", kind,
+                                    m.label(name), note % {"n": name}))
         builder_labels: Dict[str, Tuple[str, str]] = {}
         for kind, table in (("instance builder", t.instance_builders), ("storage builder", t.storage_builders),
                             ("group builder", t.group_builders)):
