@@ -107,11 +107,12 @@ def test_an_earlier_archives_snapshot_left_behind_is_never_taken_for_this_one(ro
     snap = {"storage": storage, "action": "snapshot", "snapshot_name": name, "tags": {"csis_config": tag}}
     first = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1)["VolumeId"]
     hold_volume(root, storage, first)
-    old = run_transition(root, snap)
+    old = run_transition(root, dict(snap, volume_id=first))  # meta-state records the volume it archives
     assert old["created"] is True
     # restored from it: a new volume; the old snapshot's deletion never happened
     restored = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1, SnapshotId=old["snapshot_id"])["VolumeId"]
     hold_volume(root, storage, restored)
+    snap = dict(snap, volume_id=restored)
 
     probe, res, changed = step(root, snap)
     assert probe == {"would": "snapshot storage mnt_data as %s" % name, "changed": True}
@@ -121,7 +122,8 @@ def test_an_earlier_archives_snapshot_left_behind_is_never_taken_for_this_one(ro
     probe, again, changed = step(root, snap)
     assert probe == {"would": "reuse archive snapshot %s" % res["snapshot_id"], "changed": False}
     assert (again["snapshot_id"], again["created"], changed) == (res["snapshot_id"], False, False)
-    # and once the apply destroyed the volume (the state holds none), the newest archive snapshot is this archive's
+    # and once the apply destroyed the volume (the state holds none), the snapshot of the volume meta-state
+    # recorded is this archive's, never the older one (moto's snapshots of one second tie on StartTime)
     hold_volume(root, storage, None)
     probe, after, changed = step(root, snap)
     assert (after["snapshot_id"], after["created"], changed) == (res["snapshot_id"], False, False)

@@ -89,7 +89,7 @@ def state_object(backend: Mapping[str, Any], root: str) -> Optional[Dict[str, st
             return None
         return {"s3": cfg["bucket"], "key": s3_state_key(cfg, ws)}
     if backend.get("type") == "local":
-        if not all(isinstance(cfg.get(k) or "", str) for k in ("path", "workspace_dir")) or not isinstance(ws, str):
+        if not all(isinstance(cfg.get(k) or "", str) for k in ("path", "workspace_dir")):
             return None
         if ws == "default":
             path = cfg.get("path") or "terraform.tfstate"

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from .. import aws
 from ..config.secrets import Reveal
 from ..errors import CsisError
+from ..state.lookups import newest_snapshot
 from ..state.record import resources, under
 from .. import tfstate
 
@@ -43,16 +44,13 @@ def archive_snapshots(ec2: Any, name: str, storage: str, tags: Optional[Mapping[
     return resp.get("Snapshots") or []
 
 
-def _newest(snaps: List[Dict[str, Any]]) -> Dict[str, Any]:
-    return sorted(snaps, key=lambda s: (str(s.get("StartTime")), str(s.get("SnapshotId"))))[-1]
-
-
 def reusable(existing: List[Dict[str, Any]], volume: Optional[str]) -> List[Dict[str, Any]]:
     """The archive snapshots an archive run may take as its own instead of snapshotting again:
-    those of the volume the root's state holds (a run stopped after taking it), or, once the
-    state holds no volume (the apply that destroyed it ran), any. A snapshot of another volume
-    is an earlier archive's, left behind by a restore whose deletion failed: taking it would
-    destroy the volume with an old copy of its data."""
+    those of ``volume`` (the one the root's state holds, or, once the apply destroyed it, the one
+    meta-state recorded: a run stopped after taking it), or any when neither is known (a record
+    from before volume ids were kept). A snapshot of another volume is an earlier archive's, left
+    behind by a restore whose deletion failed: taking it would destroy the volume with an old copy
+    of its data."""
     if volume is None:
         return list(existing)
     return [s for s in existing if s.get("VolumeId") == volume]
@@ -65,9 +63,9 @@ def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[str,
     storage = t["storage"]
     existing = archive_snapshots(ec2, name, storage, t.get("tags"))
     vol = _volume_id(root, storage, state)
-    mine = reusable(existing, vol)
+    mine = reusable(existing, vol or t.get("volume_id"))
     if mine:
-        snap = _newest(mine)
+        snap = newest_snapshot(mine)
         created = False
     else:
         if not vol:
@@ -179,10 +177,10 @@ def probe_transition(root: Mapping[str, Any], t: Mapping[str, Any], reveal: Opti
     ids = sorted(str(x.get("SnapshotId")) for x in found)
     if action == "snapshot":
         try:
-            mine = reusable(found, _volume_id(root, t["storage"])) if found else []
+            mine = reusable(found, _volume_id(root, t["storage"]) or t.get("volume_id")) if found else []
         except Exception:  # pylint: disable=broad-except
             mine = found  # the state unreadable here: the run reads it, and names any error
-        return ({"would": "reuse archive snapshot %s" % _newest(mine)["SnapshotId"], "changed": False} if mine else
+        return ({"would": "reuse archive snapshot %s" % newest_snapshot(mine)["SnapshotId"], "changed": False} if mine else
                 {"would": "snapshot storage %s as %s" % (t["storage"], t["snapshot_name"]), "changed": True})
     return ({"would": "delete archive snapshot(s) %s" % ", ".join(ids), "changed": True} if ids else
             {"would": "nothing (no archive snapshot %s)" % t["snapshot_name"], "changed": False})

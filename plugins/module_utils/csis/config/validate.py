@@ -287,7 +287,9 @@ class Validation:
                 ("storage", self.storage_state_records(), t.storages, "the recorded storage", ""),
                 ("instance", self.launched_records(), t.instances, "the launched instance", instance_note)):
             for name in recorded:
-                for other in () if name in table else table:
+                if name in table:
+                    continue
+                for other in table:
                     if m.label(other) == m.label(name):
                         self.add(kind, other, "name", "%s '%s' and %s '%s'%s both become the terraform label '%s_%s'%s"
                                  % (kind, other, what, name, " (meta-state/launch-params.yaml)" if note else "", kind,

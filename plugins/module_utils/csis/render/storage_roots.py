@@ -89,7 +89,7 @@ class StorageRoots(RootPlanner):
                     "storage %s is requested %s (recorded: %s): no module call.%s" % (
                         st.name, st.state, cur or "never applied",
                         " Archive snapshot: %s." % info["archive_snapshot"] if st.state == "archived" else "")))
-                self._leave(plan, st.name, cur, st.state, kind, info)
+                self._leave(plan, st.name, cur, st.state, kind, info, records.get(st.name))
         for name, rec in undeclared:
             lab = m.label(name)
             facts = rec.get("facts") or {}
@@ -101,7 +101,7 @@ class StorageRoots(RootPlanner):
             if kind["archive"]:
                 info["archive_snapshot"] = archive_name(name, rec)
             plan.storages[name] = info
-            self._leave(plan, name, rec.get("state"), "destroyed", kind, info)
+            self._leave(plan, name, rec.get("state"), "destroyed", kind, info, rec)
         main = "%s-%s.tf" % (sb.name, phase)
         blocks: List[Any] = [HEADER, self.terraform_block(sb, backend)] + self.provider_blocks(sb)
         if self.t.config.use_state_backends:
@@ -116,14 +116,17 @@ class StorageRoots(RootPlanner):
         return plan
 
     def _leave(self, plan: RootPlan, name: str, cur: Optional[str], req: str, kind: Mapping[str, Any],
-               info: Mapping[str, Any]) -> None:
+               info: Mapping[str, Any], rec: Optional[Mapping[str, Any]] = None) -> None:
         """A storage leaving 'active': transitions before the apply and the whitelisted destroy."""
         if cur == req or cur is None:
             return
         addr = info["address"]
         if req == "archived" and cur == "active":
+            # the volume meta-state records: the archive's own snapshot is of it, also once the apply
+            # destroyed it (the state then holds none: transitions.reusable)
             plan.transitions_before.append({"storage": name, "action": "snapshot", "from": cur, "to": "archived",
-                                            "snapshot_name": info["archive_snapshot"], "tags": self.t.resource_tag(), "address": addr})
+                                            "snapshot_name": info["archive_snapshot"], "tags": self.t.resource_tag(), "address": addr,
+                                            "volume_id": ((rec or {}).get("facts") or {}).get("volume_id")})
             plan.allow_destroy.append(addr)
         elif req == "destroyed":
             if cur == "archived" and kind["archive"]:

@@ -48,6 +48,12 @@ def lookup_volume(ep: Endpoint, vid: str) -> Dict[str, Any]:
             "attached_to": [a.get("InstanceId") for a in v.get("Attachments") or []]}
 
 
+def newest_snapshot(snaps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The most recent of ``snaps`` (``describe_snapshots`` entries), as the restore's data source
+    (``most_recent``) picks it; the id breaks a tie."""
+    return sorted(snaps, key=lambda s: (str(s.get("StartTime")), str(s.get("SnapshotId"))))[-1]
+
+
 def lookup_snapshot(ep: Endpoint, name: str, storage: str, tag: Optional[str] = None) -> Dict[str, Any]:
     """The archive snapshot ``name`` of ``storage``, of this tree (``tag``: its ``csis_config``) as the
     restore's data source finds it: another tree's archive of a same-named storage is not this one's."""
@@ -60,7 +66,7 @@ def lookup_snapshot(ep: Endpoint, name: str, storage: str, tag: Optional[str] = 
         return {"error": error_text(exc), "what": "archive snapshot", "id": name}
     if not snaps:
         return {"present": False, "what": "archive snapshot", "id": name}
-    s = sorted(snaps, key=lambda x: str(x.get("StartTime")))[-1]
+    s = newest_snapshot(snaps)
     out = {"present": True, "what": "archive snapshot", "id": s.get("SnapshotId"), "state": s.get("State"),
            "size": s.get("VolumeSize"), "tags": resource_tags(s.get("Tags"))}
     if len(snaps) > 1:
