@@ -14,7 +14,7 @@ would create it, checks what the kill left, then runs again.
 kill                   the moment
 =====================  ====================================================================
 during render          ``terraform init`` of the root runs (under csis_render), first run
-during plan            ``terraform plan`` runs in the root
+during plan            ``terraform plan`` runs in the root and holds the S3 state lock
 between gate and apply the "Re-read the apply flags" task has started (the gate passed)
 during the apply       the new volume exists at the endpoint (boto3, polled): terraform has
                        sent the create call; its state write follows the provider's wait
@@ -76,6 +76,12 @@ def tagged_volumes(ep, tree, name):
     vols = ep.client("ec2").describe_volumes(Filters=[{"Name": "tag:Name", "Values": [name]},
                                                       {"Name": "tag:csis_config", "Values": [tree.tag]}])["Volumes"]
     return {v["VolumeId"]: v["State"] for v in vols}
+
+
+def state_lock_objects(ep, tree):
+    """The S3 backend's lock objects of the tree's state (terraform holds one while it applies)."""
+    return [o["Key"] for o in ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s/" % tree.key)
+            .get("Contents", []) if o["Key"].endswith(".tflock")]
 
 
 def state_volume_ids(tree, ep):
@@ -172,12 +178,18 @@ def test_killed_during_plan(tree, moto_endpoint):
     ep = moto_endpoint
     declare(tree, "p1")
     before = e2e.meta_state_digest(tree.root)
-    kill_at_process(tree, ep, "plan-killed.log", in_root(tree, "plan"))
+    planning = in_root(tree, "plan")
+    # while terraform plans it holds the S3 state lock: killed then, it leaves the lock behind
+    kill_at_process(tree, ep, "plan-killed.log", lambda p: planning(p) and bool(state_lock_objects(ep, tree)))
     assert e2e.meta_state_digest(tree.root) == before
     assert not tagged_volumes(ep, tree, "p1")
     assert_meta_state_true(tree, ep)
-    _run, recs = rerun(tree, ep, "plan-rerun.log", "p1")
+    assert state_lock_objects(ep, tree), "the killed plan left no state lock (the case this test is about)"
+    run, recs = rerun(tree, ep, "plan-rerun.log", "p1")
     assert recs["mnt_data"]["facts"]["volume_id"] == tree.first
+    # the plan step released the dead run's lock (its holder, a terraform of this machine, is gone)
+    assert "released a stale state lock" in " ".join(run.out.split()), run.tail()
+    assert not state_lock_objects(ep, tree)
 
 
 def test_killed_between_gate_and_apply(tree, moto_endpoint):
@@ -213,6 +225,8 @@ def test_killed_during_apply_leaves_an_orphan_that_drift_reports_and_import_adop
     print("apply kill: volume %s %s" % (vid, "reached the terraform state (the state write came first)" if in_state
                                         else "is NOT in the terraform state: an orphan"))
     assert_meta_state_true(tree, ep)
+    # terraform held the S3 state lock when it was killed: the lock stays until a run releases it
+    assert state_lock_objects(ep, tree), "the killed apply left no state lock (the case this test is about)"
 
     query = e2e.run_playbook("state_query.yml", tree.root, ep.env, overlays=[ep.overlay_path],
                              log=tree.log("apply-query.log"))
@@ -227,12 +241,20 @@ def test_killed_during_apply_leaves_an_orphan_that_drift_reports_and_import_adop
     adopted = ("terraform state already holds %s" % vid) if in_state else ("imported %s into the terraform state" % vid)
     flat = " ".join(imp.out.split())
     assert adopted in flat, imp.tail()
+    if not in_state:
+        # the import takes the state lock: the dead run's, whose holder (a terraform of this
+        # machine) is gone, is released first, and the import says so
+        assert "released a stale state lock" in flat, imp.tail()
+        assert not state_lock_objects(ep, tree)
     assert "no drift: meta-state agrees with reality" in flat, imp.tail()   # its state query, at the end
     assert records(tree)["p3"]["facts"]["volume_id"] == vid
     assert_meta_state_true(tree, ep)
 
     run, recs = rerun(tree, ep, "apply-rerun.log", "p3")
     assert recs["p3"]["facts"]["volume_id"] == vid                # adopted, not created again
+    if in_state:  # the import left the state alone, lock and all: the re-run's plan step released it
+        assert "released a stale state lock" in " ".join(run.out.split()), run.tail()
+    assert not state_lock_objects(ep, tree)
     assert e2e.plan_summaries(run.out)["storage-aws-ebs"].startswith("Plan: 0 to add"), run.tail()
 
 

@@ -6,7 +6,7 @@ ansible-playbook, real terraform and provider, the session's moto server.
 
 ``ebs``: the example tree cut to one EBS volume (``tests/support/e2e.py``, ``make_ebs_tree``),
 applied ONCE per module through ``storage.yml``: every refusal (gate, apply-check, approval,
-binding), failed plan/apply, a killed apply, a second run on the tree. The tests run in file
+binding), failed plan/apply, a second run on the tree. The tests run in file
 order and each leaves the tree as the next expects. (The example tree as a whole, through
 ``scripts/demo`` and ``site.yml``, is ``test_lifecycle_e2e.py``: a separate file, so the two
 trees run on two workers.)
@@ -237,50 +237,6 @@ def test_tampered_stale_and_missing_plan_files_are_refused(ebs, moto_endpoint):
     assert e2e.meta_state_digest(ebs.root) == before
 
 
-def _state_lock_objects(ep, key):
-    return [o["Key"] for o in ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s/" % key)
-            .get("Contents", []) if o["Key"].endswith(".tflock")]
-
-
-def test_killed_apply_then_rerun_converges(ebs, moto_endpoint):
-    """SIGKILL the whole run (ansible-playbook and terraform) while terraform applies and
-    holds the S3 state lock; the next run releases the dead run's lock and converges."""
-    ep = moto_endpoint
-    storages = os.path.join(ebs.root, "storages", "storage0.yaml")
-    doc = e2e.read_yaml(storages)
-    doc["storages"].append({"name": "mnt_scratch", "mount_point": "/mnt/scratch", "groups": ["coops"],
-                            "state": "active"})
-    e2e.write_yaml(storages, doc)
-    before = e2e.meta_state_digest(ebs.root)
-    proc = e2e.start_playbook("storage.yml", ebs.root, ep.env, ebs.log("killed.log"), overlays=overlays(ep))
-    # the apply runs as an async task: terraform and its supervisor work in the root, outside
-    # ansible-playbook's process tree; kill them with it (the case: no graceful stop at all)
-    hit = e2e.kill_tree_when(proc, lambda p: e2e.is_terraform_apply(p) and bool(_state_lock_objects(ep, ebs.key)),
-                             dirs=[ebs.root_dir])
-    assert hit is not None, open(ebs.log("killed.log"), encoding="utf-8").read()[-4000:]
-    left = e2e.processes_left(proc.pid, [ebs.root_dir])  # a killed provider takes a moment to exit
-    assert not left, "processes of the killed run live on: %r" % left
-    # meta-state never claims what did not happen
-    assert e2e.meta_state_digest(ebs.root) == before
-    assert "mnt_scratch" not in e2e.meta(ebs.root, "storage-state.yaml")["storages"]
-    assert _state_lock_objects(ep, ebs.key), "the killed apply left no lock (it is the case this test is about)"
-
-    rerun = e2e.run_playbook("storage.yml", ebs.root, ep.env, overlays=overlays(ep), log=ebs.log("after-kill.log"))
-    assert rerun.rc == 0, rerun.tail()
-    assert "released a stale state lock" in rerun.out, rerun.tail()
-    assert not _state_lock_objects(ep, ebs.key)
-    # records match reality (the state's volumes exist; meta-state names the state's ids)
-    state = e2e.tf_state_pull(ebs.root_dir, ep.env)
-    ids = e2e.state_ids(state, "aws_ebs_volume")
-    assert len(ids) == 2
-    recs = e2e.meta(ebs.root, "storage-state.yaml")["storages"]
-    assert {recs["mnt_data"]["facts"]["volume_id"], recs["mnt_scratch"]["facts"]["volume_id"]} == set(ids)
-    assert recs["mnt_data"]["facts"]["volume_id"] == ebs.vid
-    assert recs["mnt_scratch"]["state"] == "active"
-    for vid in ids:
-        assert volume(ep, vid)["State"] in ("available", "in-use")
-
-
 def _run_lock_holder(root):
     from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
 
@@ -305,8 +261,6 @@ def test_concurrent_runs_on_the_tree_wait_or_are_refused_naming_the_first(ebs, m
     waiting = None
     try:
         deadline = time.monotonic() + 120
-        # (the killed run of the test before may hold it for another half second: its watcher
-        # looks twice a second whether its run is still there)
         while (_run_lock_holder(ebs.root) or {}).get("pid") != first.pid and first.poll() is None \
                 and time.monotonic() < deadline:
             time.sleep(0.2)

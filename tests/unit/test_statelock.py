@@ -2,7 +2,7 @@
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
 """csis_state_lock's decisions (the S3 read and the force-unlock are stubbed; the real
-path runs in tests/integration/test_lifecycle_ebs_e2e.py::test_killed_apply_then_rerun_converges)."""
+path runs in tests/faults/test_kill_at_every_step.py: the plan and apply kills)."""
 from __future__ import annotations
 
 import json

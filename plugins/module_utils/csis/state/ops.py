@@ -233,7 +233,8 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
         if res["rc"] != 0:
             raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                                % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    check_and_release(directory, binary)  # a stale lock left by a killed run of this machine
+    lock = check_and_release(directory, binary)  # a stale lock left by a killed run of this machine
+    released = " (%s)" % lock["msg"] if lock.get("released") else ""
     if stale:
         res = terraform.run(binary, ["state", "rm", "-no-color", address], directory)
         if res["rc"] != 0:
@@ -243,7 +244,8 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     if res["rc"] != 0:
         raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                            % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    return "imported %s into the terraform state of %s as %s%s%s" % (storage_id, directory, address, dropped, installed)
+    return "imported %s into the terraform state of %s as %s%s%s%s" % (storage_id, directory, address, dropped, installed,
+                                                                       released)
 
 
 def _declares_module(directory: str, call: str) -> bool:
