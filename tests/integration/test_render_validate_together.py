@@ -120,32 +120,25 @@ def _add_twin_call(ebs: str) -> str:
     return text
 
 
-def test_a_new_module_call_is_initialised_again(rendered: Dict[str, Any], tmp_path: Any) -> None:
+def test_a_new_module_call_inits_again_and_a_removed_one_needs_no_new_init(rendered: Dict[str, Any],
+                                                                            tmp_path: Any) -> None:
     """A module call init has not installed (a new storage, a new instance) makes the root init
-    again: validate alone would fail with terraform's "Module not installed"."""
-    ebs = _copy_ebs_root(rendered, tmp_path)
-    _add_twin_call(ebs)
-    out = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
-    cmds = [c["cmd"] for c in out[ebs]]
-    assert "-backend=false" in cmds[1] and cmds[1].startswith("terraform init"), cmds
-    assert cmds[2] == "terraform validate -no-color", cmds
-
-
-def test_a_removed_module_call_needs_no_new_init(rendered: Dict[str, Any], tmp_path: Any) -> None:
-    """A detach, a decommission or a cascade phase only removes module calls: the root is
-    formatted and validated again, not initialised again (terraform ignores a module its
-    modules.json lists and the configuration no longer calls), and the real terraform agrees."""
+    again: validate alone would fail with terraform's "Module not installed". A detach, a
+    decommission or a cascade phase only removes module calls: the root is then formatted and
+    validated again, not initialised again (terraform ignores a module its modules.json lists and
+    the configuration no longer calls), and the real terraform agrees."""
     ebs = _copy_ebs_root(rendered, tmp_path)
     before = _add_twin_call(ebs)
     cmds = [c["cmd"] for c in writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)[ebs]]
-    assert cmds[1].startswith("terraform init"), cmds
+    assert "-backend=false" in cmds[1] and cmds[1].startswith("terraform init"), cmds
+    assert cmds[2] == "terraform validate -no-color", cmds
     with open(os.path.join(ebs, "solo-ebs-storage-generation-storage-scratch.tf"), "w", encoding="utf-8") as fh:
         fh.write(before)                                    # the twin's call removed
     out = writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)
     cmds = [c["cmd"] for c in out[ebs]]
     assert cmds[0].startswith("terraform fmt -check") and cmds[1] == writer.INIT_UNCHANGED, cmds
     assert cmds[2] == "terraform validate -no-color" and out[ebs][2]["rc"] == 0, out[ebs]
-    # the twin back as it was installed: still no init (a call never installed inits: the test above)
+    # the twin back as it was installed: still no init (a call never installed inits: the first step)
     _add_twin_call(ebs)
     cmds = [c["cmd"] for c in writer.prepare_roots([(ebs, "terraform", None)], dry_run=True)[ebs]]
     assert cmds[1] == writer.INIT_UNCHANGED and cmds[2] == "terraform validate -no-color", cmds
