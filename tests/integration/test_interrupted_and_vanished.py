@@ -2,8 +2,8 @@
 # Copyright: csis.infra contributors
 # Apache License 2.0 (see LICENSE)
 """Issue 16, defects 1 and 2, reproduced as the issue describes them against real terraform,
-real ansible-playbook and the session's moto server. One EBS tree (no S3 bucket), applied
-once for the module; the tests run in file order and each leaves the tree as the next expects.
+real ansible-playbook and the session's moto server. One EBS tree (no S3 bucket), whose first
+run is the killed one; the tests run in file order and each leaves the tree as the next expects.
 
 1. A killed run keeps applying: ``kill -9 -- -<pgid>`` of ansible-playbook 2 s after
    ``terraform apply`` appears. terraform runs under the role's ``csis-tf-supervise``, which
@@ -72,10 +72,9 @@ def tree(moto_endpoint, tmp_path_factory):
     key = "int-%s" % uuid.uuid4().hex[:8]
     # its own tree id, so its resources carry their own csis_config tag: the other files on the
     # shared endpoint declare storages named p1 and p2 too (tests/faults/test_kill_at_every_step.py)
+    # not applied here: the killed run below is the tree's first (the supervisor's stop is the same
+    # for a first apply as for a later one), and its re-run applies the tree
     root = e2e.make_ebs_tree(parent, key, tree_id=key)
-    run = e2e.run_playbook("storage.yml", root, moto_endpoint.env, overlays=overlays(moto_endpoint),
-                           log=os.path.join(parent, "first.log"))
-    assert run.rc == 0, run.tail()
     return SimpleNamespace(root=root, key=key, root_dir=os.path.realpath(os.path.join(root, EBS_ROOT)),
                            log=lambda n: os.path.join(parent, n))
 
@@ -104,21 +103,24 @@ def test_killed_run_does_not_leave_terraform_applying(tree, moto_endpoint):
     left = e2e.processes(applying)
     assert not left, "terraform apply still running %.0f s after the kill: %r" % (time.monotonic() - t0, left)
     assert not lock_objects(ep, tree.key), "the stopped apply left its state lock"
-    assert "p1" not in records(tree.root)
+    assert not records(tree.root)
 
     # Where the SIGINT lands is the machine's timing: before the create (nothing in the state),
     # after it (the volume in the state), or inside the provider's wait for the new volume, which
     # the stop cuts short: the volume then comes back TAINTED. Its plan is a replacement, which
     # the gate refuses; the operator checks the volume and untaints it (docs/operations.md,
     # "Killed runs"). Either way the next runs converge and nothing is orphaned.
-    address = "module.storage_p1.aws_ebs_volume.this"
-    if address in tainted(e2e.tf_state_pull(tree.root_dir, ep.env)):
+    # (the run is the tree's first: both volumes, mnt_data's and p1's, were being created)
+    cut = tainted(e2e.tf_state_pull(tree.root_dir, ep.env))
+    if cut:
         refused = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep),
                                    log=tree.log("after-kill-tainted.log"))
         assert refused.rc != 0
-        assert "DESTROY NOT WHITELISTED: %s" % address in refused.out, refused.tail()
-        assert "p1" not in records(tree.root)
-        e2e.terraform_in(tree.root_dir, ep.env, "untaint", address)
+        for address in cut:
+            assert "DESTROY NOT WHITELISTED: %s" % address in refused.out, refused.tail()
+        assert not records(tree.root)
+        for address in cut:
+            e2e.terraform_in(tree.root_dir, ep.env, "untaint", address)
 
     rerun = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("after-kill.log"))
     assert rerun.rc == 0, rerun.tail()
