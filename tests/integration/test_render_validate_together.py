@@ -120,8 +120,8 @@ def _add_twin_call(ebs: str) -> str:
     return text
 
 
-def test_a_new_module_call_inits_again_and_a_removed_one_needs_no_new_init(rendered: Dict[str, Any],
-                                                                            tmp_path: Any) -> None:
+def test_a_new_module_call_inits_again_and_a_removed_one_needs_no_new_init(
+        rendered: Dict[str, Any], tmp_path: Any) -> None:
     """A module call init has not installed (a new storage, a new instance) makes the root init
     again: validate alone would fail with terraform's "Module not installed". A detach, a
     decommission or a cascade phase only removes module calls: the root is then formatted and
