@@ -134,7 +134,6 @@ HEAVIEST_FIRST = (
     "tests/integration/test_day2_ephemeral.py",
     "tests/integration/test_interrupted_and_vanished.py",
     "tests/integration/test_destroy_environment.py",
-    "tests/integration/test_state_query.py",
     "tests/faults/test_endpoint_down_mid_apply.py",
     "tests/integration/test_molecule.py",
     "tests/integration/test_day2_storage.py",

@@ -174,7 +174,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     assert "Apply exactly that plan file" not in out
     assert not _storages(root)
     assert not ep.client("ec2").describe_volumes(
-        Filters=[{"Name": "tag:csis_config", "Values": ["csis-example"]}, {"Name": "size", "Values": ["120"]}])["Volumes"]
+        Filters=[{"Name": "tag:csis_config", "Values": [key]}, {"Name": "size", "Values": ["120"]}])["Volumes"]
 
     # 3. the digest alone approves nothing: without the plan job's receipt in the store
     #    (a digest computed elsewhere, passed as an extra var) the apply job refuses

@@ -6,17 +6,22 @@ session's moto server (issue 4, "Tests that must exist").
 
 ``site``: a copy of ``examples/`` run through the README's ``scripts/demo`` (``site.yml``:
 identity, storage, instance-image) ONCE per module: what exists, what is recorded, a no-op
-re-run, a dry run. The refusals and failures of one root run on the one-EBS tree in
-``test_lifecycle_ebs_e2e.py`` (its own file, so both trees run at once on two workers).
+re-run, a dry run; then, on the same tree, the drift report (``state_query.yml``,
+``forget.yml``, ``state_import.yml``) with reality changed behind the system's back: one
+applied example tree for both (issue 12: an applied tree is the costliest part of a test).
+The refusals and failures of one root run on the one-EBS tree in ``test_lifecycle_ebs_e2e.py``
+(its own file, so both trees run at once on two workers).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 from types import SimpleNamespace
+from typing import Any, Dict, List
 
 import pytest
 
@@ -26,6 +31,8 @@ import e2e  # noqa: E402
 pytestmark = e2e.needs_terraform()
 
 NOOP = "Plan: 0 to add, 0 to change, 0 to destroy"
+REPO = e2e.REPO
+PLAYBOOK = e2e.PLAYBOOK_BIN
 
 
 def overlays(ep, *more):
@@ -259,3 +266,249 @@ def test_dry_run_plans_nothing(site, moto_endpoint):
     assert len(ahead) == 1, ahead
     following = {"storage-aws-ebs", "storage-aws-efs", "storage-aws-s3", "instance-image-open-tofu"}
     assert set(ahead[0].split(", ")) == following, ahead
+
+
+# ====================================================================== the drift report on it
+# The drift report end to end on the same tree, after the tests above: reality is changed behind
+# the system's back with boto3 and state_query.yml / forget.yml / state_import.yml / site.yml run
+# for real (docs/drift.md). These come last: they delete, forget and import. The tree's id,
+# csis-example, is the demo tree's alone on the session's endpoint (every other tree a test
+# applies has its own: tests/support/e2e.py, make_ebs_tree), so nothing of another test can look
+# foreign here.
+TAG = "csis-example"
+BUCKET = "csis-example-default-bucket"
+
+
+class Tree:
+    def __init__(self, root: str, moto: Any, tmp: str) -> None:
+        self.root = root
+        self.moto = moto
+        self.tmp = tmp
+        self.env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                        ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+            self.env.pop(key, None)
+        self.env.update(moto.env)
+        self.env["AWS_EC2_METADATA_DISABLED"] = "true"
+
+    def play(self, playbook: str, overlays: List[str] = (), **extra: Any) -> subprocess.CompletedProcess:
+        xv: Dict[str, Any] = {"csis_config_root": self.root,
+                              "csis_overlays": [self.moto.overlay_path] + list(overlays)}
+        xv.update(extra)
+        return subprocess.run([PLAYBOOK, os.path.join("playbooks", playbook), "-e", json.dumps(xv)],
+                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=1800, check=False)
+
+    def query(self, overlays: List[str] = ()) -> Dict[str, Any]:
+        res = self.play("state_query.yml", overlays)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+        return self.report()
+
+    def report(self) -> Dict[str, Any]:
+        with open(os.path.join(self.root, "generated", "state-report.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+
+    def meta(self, name: str) -> Dict[str, Any]:
+        from trees import read_meta
+
+        return read_meta(self.root, name)
+
+
+def _text(res: subprocess.CompletedProcess) -> str:
+    """stdout + stderr with whitespace collapsed (the callback wraps long messages)."""
+    return " ".join((res.stdout + res.stderr).split())
+
+
+def _lines(report: Dict[str, Any]) -> List[tuple]:
+    return sorted((d["drift"], d["kind"], d["name"]) for d in report["drift"])
+
+
+@pytest.fixture(scope="module")
+def drift(site, moto_endpoint):
+    """The demo's tree, as the tests above leave it (applied, re-run, dry run)."""
+    t = Tree(site.root, moto_endpoint, site.parent)
+    st = t.meta("storage-state.yaml")["storages"]
+    assert st["mnt_data"]["state"] == "active" and st["mnt_data"]["facts"]["volume_id"].startswith("vol-")
+    return t
+
+
+def test_a_clean_tree_reports_no_drift(drift):
+    rep = drift.query()
+    assert rep["drift"] == [] and rep["unavailable"] == [], rep
+    assert rep["tree"] == TAG
+    vid = drift.meta("storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    assert rep["reality"]["storages"]["mnt_data"]["present"] is True
+    assert rep["reality"]["storages"]["mnt_data"]["id"] == vid
+    assert rep["reality"]["storages"]["default-bucket"]["id"] == BUCKET
+    assert rep["reality"]["instances"]["test2"]["present"] is True
+    assert rep["summary"]["hard"] == 0
+
+
+def test_a_bucket_with_the_trees_tags_but_no_record_is_foreign(drift):
+    s3 = drift.moto.client("s3")
+    name = "csis-drift-stray-bucket"
+    s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": drift.moto.region})
+    s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": [{"Key": "csis_config", "Value": TAG}]})
+    try:
+        rep = drift.query()
+        assert _lines(rep) == [("foreign", "storage", name)], rep["drift"]
+        assert rep["drift"][0]["detail"] == ("bucket %s (tagged csis_config=%s) exists but meta-state has no record "
+                                             "of it (and it is not in the YAML)" % (name, TAG))
+        assert rep["summary"]["foreign"] == 1 and rep["summary"]["hard"] == 0
+    finally:
+        s3.delete_bucket(Bucket=name)
+
+
+def test_a_second_volume_with_the_same_name_is_foreign_and_the_managed_one_is_found_by_id(drift):
+    ec2 = drift.moto.client("ec2")
+    managed = drift.meta("storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    orphan = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1, TagSpecifications=[{
+        "ResourceType": "volume", "Tags": [{"Key": "Name", "Value": "mnt_data"}, {"Key": "csis_config", "Value": TAG}]}])
+    try:
+        rep = drift.query()
+        assert _lines(rep) == [("foreign", "storage", "mnt_data")], rep["drift"]
+        detail = rep["drift"][0]["detail"]
+        assert orphan["VolumeId"] in detail and detail.endswith("the managed volume of storage mnt_data is %s" % managed)
+        assert rep["reality"]["storages"]["mnt_data"]["id"] == managed
+        assert rep["reality"]["storages"]["mnt_data"]["state"] == "in-use"  # the attached one, not the orphan
+    finally:
+        ec2.delete_volume(VolumeId=orphan["VolumeId"])
+
+
+def test_an_endpoint_that_is_down_gives_unavailable_lines_not_missing(drift):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = os.path.join(drift.tmp, "down.yml")
+    with open(down, "w", encoding="utf-8") as fh:
+        fh.write("runtime_builders:\n  - name: aws-east2-runtime\n    endpoints: {url: \"http://127.0.0.1:%d\"}\n" % port)
+    res = drift.play("state_query.yml", [down])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    rep = drift.report()
+    assert rep["drift"] == [], rep["drift"]
+    assert rep["summary"]["missing"] == 0 and rep["summary"]["hard"] == 0
+    joined = "\n".join(rep["unavailable"])
+    for what in ("storage mnt_data:", "storage efs-storage:", "storage default-bucket:", "instance test2:",
+                 "instance test:", "foreign volume scan"):
+        assert what in joined, (what, rep["unavailable"])
+    assert "127.0.0.1:%d" % port in joined
+    assert all(v["present"] is None for v in rep["reality"]["storages"].values())
+    assert "unavailable: storage mnt_data:" in _text(res)
+    # the AWX drift job's setting: a query that could not look is not green
+    res = drift.play("state_query.yml", [down], csis_state_fail_on_unavailable=True)
+    assert res.returncode != 0
+    assert ("the state query could not look %d thing(s) up, so the report cannot say whether they drifted"
+            % len(rep["unavailable"])) in _text(res), res.stdout[-4000:]
+    assert "127.0.0.1:%d" % port in _text(res)
+
+
+def test_a_deleted_volume_is_missing_hard_and_stops_the_next_run_until_corrected(drift):
+    ec2 = drift.moto.client("ec2")
+    managed = drift.meta("storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    att = ec2.describe_volumes(VolumeIds=[managed])["Volumes"][0]["Attachments"][0]
+    ec2.detach_volume(VolumeId=managed, InstanceId=att["InstanceId"], Device=att["Device"], Force=True)
+    ec2.delete_volume(VolumeId=managed)
+
+    rep = drift.query()
+    assert _lines(rep) == [("missing", "storage", "mnt_data")], rep["drift"]
+    line = rep["drift"][0]
+    assert line["hard"] is True
+    assert line["detail"] == "recorded active but not found in reality (volume %s)" % managed
+    message = ("state: missing storage mnt_data: recorded active but not found in reality (volume %s) "
+               "(from state-report.json; re-run 'state query' after fixing)" % managed)
+
+    # the next real run refuses to start, with the reference's message
+    res = drift.play("site.yml", ["overlays/apply-all.yml"], csis_dry_run=False, csis_auto_approve=True)
+    assert res.returncode != 0
+    assert message in _text(res), res.stdout[-4000:] + res.stderr[-2000:]
+    assert "TASK [csis.infra.render : Render the identity roots]" not in res.stdout
+    # a dry run is not refused
+    res = drift.play("identity.yml")
+    assert res.returncode == 0, res.stdout[-3000:]
+
+    # state import refuses an id the endpoint does not know, and records an existing one
+    res = drift.play("state_import.yml", import_storage="mnt_data", storage_id="vol-0123456789abcdef0")
+    assert res.returncode != 0 and "vol-0123456789abcdef0 does not exist at" in _text(res), res.stdout[-3000:]
+    assert drift.report()["summary"]["hard"] == 1
+    new = ec2.create_volume(AvailabilityZone="us-east-2a", Size=100)["VolumeId"]
+    res = drift.play("state_import.yml", import_storage="mnt_data", storage_id=new)
+    assert res.returncode == 0, res.stdout[-4000:]
+    rec = drift.meta("storage-state.yaml")["storages"]["mnt_data"]
+    assert rec["state"] == "active" and rec["facts"]["volume_id"] == new and rec["facts"]["size"] == 100
+    assert rec["history"][-1]["action"] == "import"
+    rep = drift.report()  # the playbook queried again
+    assert rep["summary"]["hard"] == 0 and rep["drift"] == [], rep["drift"]
+    assert rep["reality"]["storages"]["mnt_data"]["id"] == new
+
+    # forget refuses a storage whose volume still exists, unless confirmed
+    res = drift.play("forget.yml", forget_storage="mnt_data")
+    assert res.returncode != 0 and "volume %s still exists" % new in _text(res), res.stdout[-3000:]
+    assert "mnt_data" in drift.meta("storage-state.yaml")["storages"]
+    res = drift.play("forget.yml", forget_storage="mnt_data", confirm=True)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "mnt_data" not in drift.meta("storage-state.yaml")["storages"]
+    assert "mnt_data" not in drift.meta("storage.yaml")["storages"]
+    assert drift.report()["drift"] == []
+
+    # the record is corrected: a real run starts again (apply flags off: plan and gate only)
+    res = drift.play("identity.yml", csis_dry_run=False)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "re-run 'state query'" not in _text(res)
+    ec2.delete_volume(VolumeId=new)
+
+
+def test_forget_an_instance_refuses_while_the_machine_exists(drift):
+    iid = drift.meta("instance-state.yaml")["instances"]["test"]["current"]["instance_id"]
+    res = drift.play("forget.yml", forget_instance="test")
+    assert res.returncode != 0 and "the machine %s still exists" % iid in _text(res), res.stdout[-3000:]
+    assert "test" in drift.meta("launch-params.yaml")["instances"]
+    res = drift.play("forget.yml", forget_instance="test", confirm=True)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "test" not in drift.meta("launch-params.yaml")["instances"]
+    assert "test" not in drift.meta("pins.yaml")["instances"]
+    state = drift.meta("instance-state.yaml")["instances"]["test"]
+    assert state["current"] is None and state["history"][-1]["why"] == "forgotten"
+    # the machine is still tagged with the tree's tag: now it is foreign
+    rep = drift.report()
+    assert ("foreign", "instance", "test") in _lines(rep), rep["drift"]
+    assert rep["summary"]["hard"] == 0
+    res = drift.play("forget.yml", forget_instance="test")
+    assert res.returncode != 0 and "nothing is recorded for it" in _text(res)
+
+
+def test_an_import_into_a_root_rendered_after_the_storage_was_declared_installs_its_module(drift):
+    """A storage declared after its root's last real run: state import records it and leaves the
+    terraform state alone while the root does not declare it; once a dry run rendered it (and
+    installed nothing: terraform would say "Module not installed"), the import installs the
+    module and imports, and the next real run plans no create of it."""
+    storages = os.path.join(drift.root, "storages", "storage0.yaml")
+    doc = e2e.read_yaml(storages)
+    doc["storages"].append({"name": "p2", "mount_point": "/mnt/p2", "groups": ["coops"], "state": "active"})
+    e2e.write_yaml(storages, doc)
+    directory = os.path.join(drift.root, "generated", "storage", "aws-ebs", "storage-generation")
+    # as the storage declares it (an unencrypted one, or another zone, would be planned as a replacement,
+    # which the gate refuses: docs/drift.md)
+    vid = drift.moto.client("ec2").create_volume(AvailabilityZone="us-east-2a", Size=100, VolumeType="gp3",
+                                                Encrypted=True)["VolumeId"]
+
+    res = drift.play("state_import.yml", import_storage="p2", storage_id=vid)
+    assert res.returncode == 0, res.stdout[-4000:]
+    said = _text(res).replace("''", "'")  # the YAML callback doubles the quotes of a quoted string
+    assert ("terraform state not touched: %s was rendered before storage 'p2' was declared" % directory) in said, said
+    assert drift.meta("storage-state.yaml")["storages"]["p2"]["facts"]["volume_id"] == vid
+
+    res = drift.play("storage.yml")  # a dry run renders the module call; the root's init is untouched
+    assert res.returncode == 0, res.stdout[-4000:]
+    res = drift.play("state_import.yml", import_storage="p2", storage_id=vid)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert ("imported %s into the terraform state of %s as module.storage_p2.aws_ebs_volume.this "
+            "(after installing its module storage_p2)" % (vid, directory)) in _text(res), res.stdout[-4000:]
+
+    # a real run (apply flags off: plan and gate only) manages the imported volume: no create of it
+    res = drift.play("storage.yml", csis_dry_run=False)
+    assert res.returncode == 0, "\n".join(line for line in res.stdout.splitlines() if "fatal" in line or "msg" in line
+                                          or "=>" in line or "REFUSED" in line or "Error" in line)[-6000:]
+    assert "RECORDED STORAGE WOULD BE CREATED" not in _text(res)
+    assert "module.storage_p2.aws_ebs_volume.this" not in [line.split()[1] for line in res.stdout.splitlines()
+                                                           if "create" in line and len(line.split()) > 1], _text(res)

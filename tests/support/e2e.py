@@ -68,15 +68,17 @@ def make_ebs_tree(parent: str, state_key: str, name: str = "examples", size: int
     """The example tree with only the EBS storage ``mnt_data`` (no instance, no EFS, no S3).
 
     ``state_key`` replaces the S3 backend's key prefix (``statefiles/<state_key>``) so the
-    tree's roots never share state with another tree on the same endpoint. ``tree_id`` replaces
-    the tree's ``id`` (``csis-example``), so its resources carry a ``csis_config`` tag of their
-    own: a test that counts volumes by name or scans for foreign resources sees only its tree's.
+    tree's roots never share state with another tree on the same endpoint. ``tree_id`` (default:
+    ``state_key``) replaces the tree's ``id`` (``csis-example``), so its resources carry a
+    ``csis_config`` tag of their own: a test that counts volumes by name or scans for foreign
+    resources sees only its tree's. ``csis-example`` is the README's demo tree's alone
+    (``test_lifecycle_e2e.py`` runs the drift report on it: any other resource with that tag would
+    be reported foreign there).
     """
     root = copy_example_tree(parent, name)
     from trees import replace_text
 
-    if tree_id is not None:
-        replace_text(os.path.join(root, "cfg", "_config.yml"), "\nid: csis-example\n", "\nid: %s\n" % tree_id)
+    replace_text(os.path.join(root, "cfg", "_config.yml"), "\nid: csis-example\n", "\nid: %s\n" % (tree_id or state_key))
     write_yaml(os.path.join(root, "storages", "storage0.yaml"), {"storages": [
         {"name": "mnt_data", "mount_point": "/mnt/data", "is_default": True, "groups": ["coops"],
          "state": "active"},
