@@ -3,7 +3,7 @@
 # Apache License 2.0 (see LICENSE)
 """Issue 16, defect 5 (boto3): a hung endpoint fails a run's AWS calls quickly, with the endpoint named.
 
-A moto server of this test's own (``tests/support/local_aws.py``, its own state directory and
+A moto server of this file's own (``tests/support/local_aws.py``, its own state directory and
 port: the session's shared server is never stopped) is seeded, then frozen with SIGSTOP: it
 still accepts connections (the kernel does) but never answers, as a hung endpoint does. The
 state query (the library, then ``playbooks/state_query.yml``) must report the endpoint
@@ -30,10 +30,14 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not os.path.exists(e2e.PLAYBOOK_BIN), reason="needs the project venv")]
 
 
-@pytest.fixture()
-def hung(tmp_path):
-    """(LocalAws, its record) of a seeded moto server of our own, frozen with SIGSTOP."""
-    la = local_aws.LocalAws(str(tmp_path / "aws"))
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    """(LocalAws, its record) of a seeded moto server of our own, frozen with SIGSTOP. One for
+    the module: what a test learns of the endpoint lives in its own ``aws.Endpoint`` (or its own
+    ``ansible-playbook``), so every test meets the hung server afresh and waits its full bounds.
+    The connections it never accepts stay in its listen queue (128; the three tests leave fewer
+    than ten), so a later test still connects and times out reading, as the first does."""
+    la = local_aws.LocalAws(str(tmp_path_factory.mktemp("hung") / "aws"))
     rec = la.start(prefer_port=None, tie_to_caller=True)
     try:
         la.seed()
