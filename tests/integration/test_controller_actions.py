@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from trees import EXAMPLES, copy_as_shipped
@@ -111,19 +112,73 @@ PLAY = """\
       csis.infra.csis_run_summary:
         config_root: "{{ tree }}"
       register: summary
+"""
 
-    - name: Keep the results for the test
+
+PREFLIGHT_PLAY = """\
+- name: The preflight of a dry run and of a real run on a damaged drift record
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: A dry run's preflight warns and goes on
+      csis.infra.csis_preflight:
+        config_root: "{{ preflight_tree }}"
+        write: false
+        refuse: false
+      register: preflight_warned
+
+    - name: A real run's preflight refuses
+      csis.infra.csis_preflight:
+        config_root: "{{ preflight_tree }}"
+      register: preflight_refused
+      ignore_errors: true
+"""
+
+#: the last play of the run: one copy (a module process, the run's dearest task) keeps what
+#: both plays registered (a host's registered results outlive their play)
+KEEP_PLAY = """\
+- name: Keep the results for the tests
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Keep the results for the tests
       ansible.builtin.copy:
         dest: "{{ out }}"
         content: "{{ {'unknown': unknown, 'required_by': required_by, 'checked': checked, 'receipt': receipt,
                       'refused': refused, 'summary': summary, 'no_check_mode': no_check_mode,
-                      'checked_receipt': checked_receipt, 'checked_audit': checked_audit} | to_json }}"
+                      'checked_receipt': checked_receipt, 'checked_audit': checked_audit,
+                      'preflight': {'warned': preflight_warned, 'refused': preflight_refused}} | to_json }}"
         mode: "0600"
 """
 
 
 def _env():
     return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    """ONE ansible-playbook run (each costs seconds of CPU) for the tests that read a real run:
+    PLAY on a copy of examples/, then PREFLIGHT_PLAY, a second play without PLAY's
+    ``environment:``, on another copy whose meta-state/drift.yaml is damaged, then KEEP_PLAY."""
+    base = tmp_path_factory.mktemp("controller_actions")
+    tree = copy_as_shipped(EXAMPLES, str(base / "tree"))
+    preflight_tree = copy_as_shipped(EXAMPLES, str(base / "preflight_tree"))
+    os.makedirs(os.path.join(preflight_tree, "meta-state"), exist_ok=True)
+    with open(os.path.join(preflight_tree, "meta-state", "drift.yaml"), "w", encoding="utf-8") as fh:
+        fh.write("hard: [unclosed\n")
+    preflight_before = sorted(os.listdir(os.path.join(preflight_tree, "meta-state")))
+    out = base / "results.json"
+    playbook = base / "play.yml"
+    playbook.write_text(PLAY + "\n" + PREFLIGHT_PLAY + "\n" + KEEP_PLAY, encoding="utf-8")
+    extra = {"tree": tree, "out": str(out), "digest": DIGEST, "preflight_tree": preflight_tree}
+    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps(extra)],
+                         cwd=str(base), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    return SimpleNamespace(tree=tree, got=json.loads(out.read_text(encoding="utf-8")), res=res,
+                           preflight_tree=preflight_tree, preflight_before=preflight_before)
 
 
 #: the modules that keep a module process: the async apply outlives the task, and
@@ -177,15 +232,8 @@ def test_a_modules_own_except_exception_never_swallows_its_exit_or_failure():
     assert done.value.result == {"failed": True, "changed": False, "msg": "x: library says no"}
 
 
-def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_process(tmp_path):
-    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
-    out = tmp_path / "results.json"
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAY, encoding="utf-8")
-    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"tree": tree, "out": str(out), "digest": DIGEST})],
-                         cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
-    got = json.loads(out.read_text(encoding="utf-8"))
+def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_process(played):
+    tree, got = played.tree, played.got
 
     assert got["unknown"]["failed"] is True
     assert got["unknown"]["msg"] == ("Unsupported parameters for (csis.infra.csis_run_summary) module: bogus. "
@@ -212,10 +260,12 @@ def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_proc
     assert "storage-aws-ebs" in got["refused"]["msg"]
 
 
-def test_the_module_process_returns_what_the_worker_returns(tmp_path):
-    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
+def test_the_module_process_returns_what_the_worker_returns(played, tmp_path):
+    """The module file run as a module process on the shared run's tree returns what the worker
+    returned for the same read there (PLAY's last csis_run_summary task: nothing has written to
+    the tree since)."""
     args = tmp_path / "args.json"
-    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"config_root": tree}}), encoding="utf-8")
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"config_root": played.tree}}), encoding="utf-8")
     module = os.path.join(REPO, "plugins", "modules", "csis_run_summary.py")
     env = dict(_env(), PYTHONPATH=os.path.join(VENV, "collections"))
     proc = subprocess.run([sys.executable, module, str(args)], env=env, capture_output=True, text=True, timeout=120,
@@ -223,23 +273,7 @@ def test_the_module_process_returns_what_the_worker_returns(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by_process = json.loads(proc.stdout)
 
-    playbook = tmp_path / "read.yml"
-    out = tmp_path / "read.json"
-    playbook.write_text(PLAY.split("  tasks:\n", maxsplit=1)[0] + """  tasks:
-    - name: The read of the run summary
-      csis.infra.csis_run_summary:
-        config_root: "{{ tree }}"
-      register: summary
-    - name: Keep it
-      ansible.builtin.copy:
-        dest: "{{ out }}"
-        content: "{{ summary | to_json }}"
-        mode: "0600"
-""", encoding="utf-8")
-    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"tree": tree, "out": str(out)})],
-                         cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
-    by_worker = json.loads(out.read_text(encoding="utf-8"))
+    by_worker = played.got["summary"]
     for key in ("changed", "path", "summary", "lines"):
         assert by_worker[key] == by_process[key], key
 
@@ -265,49 +299,12 @@ def test_a_missing_library_fails_the_task_the_ansible_way_before_the_tree_is_rea
     assert not os.path.exists(os.path.join(tree, "generated")), "a failed validation wrote into the tree"
 
 
-PREFLIGHT_PLAY = """\
-- name: The preflight of a dry run and of a real run on a damaged drift record
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: A dry run's preflight warns and goes on
-      csis.infra.csis_preflight:
-        config_root: "{{ tree }}"
-        write: false
-        refuse: false
-      register: warned
-
-    - name: A real run's preflight refuses
-      csis.infra.csis_preflight:
-        config_root: "{{ tree }}"
-      register: refused
-      ignore_errors: true
-
-    - name: Keep the results for the test
-      ansible.builtin.copy:
-        dest: "{{ out }}"
-        content: "{{ {'warned': warned, 'refused': refused} | to_json }}"
-        mode: "0600"
-"""
-
-
-def test_a_dry_runs_preflight_warns_of_what_a_real_run_refuses(tmp_path):
+def test_a_dry_runs_preflight_warns_of_what_a_real_run_refuses(played):
     """A damaged drift.yaml: the real run's preflight fails naming it, the dry run's says the same
-    as a warning and succeeds, and neither writes anything."""
-    tree = copy_as_shipped(EXAMPLES, str(tmp_path / "tree"))
-    os.makedirs(os.path.join(tree, "meta-state"), exist_ok=True)
-    with open(os.path.join(tree, "meta-state", "drift.yaml"), "w", encoding="utf-8") as fh:
-        fh.write("hard: [unclosed\n")
-    before = sorted(os.listdir(os.path.join(tree, "meta-state")))
-    out = tmp_path / "results.json"
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(PREFLIGHT_PLAY, encoding="utf-8")
-    res = subprocess.run([PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"tree": tree, "out": str(out)})],
-                         cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    got = json.loads(out.read_text(encoding="utf-8"))
-    refused, warned = got["refused"], got["warned"]
+    as a warning and succeeds, and neither writes anything (PREFLIGHT_PLAY, the shared run's
+    second play, on its own tree)."""
+    tree, res, before = played.preflight_tree, played.res, played.preflight_before
+    refused, warned = played.got["preflight"]["refused"], played.got["preflight"]["warned"]
     assert refused["failed"] and refused["msg"].startswith("meta-state/drift.yaml: "), refused["msg"]
     assert not warned.get("failed") and warned["problems"] == refused["problems"], (warned, refused)
     assert warned["warnings"] == ["a real run would refuse to start: " + line for line in refused["problems"]]

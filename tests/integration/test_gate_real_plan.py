@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,55 +30,83 @@ PLAYBOOK_BIN = os.path.join(_REPO, ".venv", "bin", "ansible-playbook")
 pytestmark = pytest.mark.skipif(shutil.which("terraform") is None or not os.path.exists(PLAYBOOK_BIN),
                                 reason="needs terraform on PATH and the project venv")
 
+# One ansible-playbook run for all gate cases (each run costs seconds of CPU): the play
+# loops over GATE_CASE_TASKS, one case after the other, in the order the cases build on
+# each other (the module file edited by stale_module stays edited for the later cases).
+# Each case first sets gen.auto.tfvars when it names ``gen`` (what the test wrote between
+# runs before), prints a "GATE CASE <name>" marker (the test cuts the run's output at
+# these markers to check one case's printed output) and collects its registered
+# results under its name; the registered gate/verified/applied of a case are its own:
+# every task that registers runs or is skipped (which registers too) in every case.
+GATE_CASE_TASKS = textwrap.dedent("""\
+    - name: case marker
+      ansible.builtin.debug:
+        msg: "GATE CASE {{ case.name }}"
+    - name: the case's input
+      ansible.builtin.copy:
+        dest: "{{ root }}/gen.auto.tfvars"
+        content: "gen = \\"{{ case.gen }}\\"\\n"
+      when: case.gen is defined
+    - name: open the binding
+      csis.infra.csis_plan_binding:
+        project_path: "{{ root }}"
+        state: opened
+    - name: plan
+      ansible.builtin.command:
+        cmd: terraform plan -input=false -no-color -out=tfplan
+        chdir: "{{ root }}"
+      environment: "{{ tf_env }}"
+    - name: meddle between plan and gate
+      ansible.builtin.shell: "{{ case.after_plan }}"
+      args:
+        chdir: "{{ root }}"
+      when: case.after_plan | default('') | length > 0
+    - name: gate
+      csis.infra.csis_gate_plan:
+        project_path: "{{ root }}"
+        plan_file: tfplan
+        allow_destroy: "{{ case.allow | default([]) }}"
+      register: gate
+      ignore_errors: true
+    - name: meddle between gate and apply
+      ansible.builtin.shell: "{{ case.after_gate }}"
+      args:
+        chdir: "{{ root }}"
+      when: gate is succeeded and case.after_gate | default('') | length > 0
+    - name: verify the binding
+      csis.infra.csis_plan_binding:
+        project_path: "{{ root }}"
+        state: verified
+      register: verified
+      ignore_errors: true
+      when: gate is succeeded
+    - name: apply exactly the gated plan
+      ansible.builtin.command:
+        cmd: terraform apply -input=false -no-color tfplan
+        chdir: "{{ root }}"
+      environment: "{{ tf_env }}"
+      register: applied
+      when: gate is succeeded and verified is succeeded
+    - name: collect the case's results
+      ansible.builtin.set_fact:
+        gate_results: "{{ gate_results | default({}) | combine({case.name: {'gate': gate, 'verified': verified, 'applied': applied}}) }}"
+""")
+
 GATE_PLAYBOOK = textwrap.dedent("""\
     - hosts: localhost
       gather_facts: false
       connection: local
       tasks:
-        - name: open the binding
-          csis.infra.csis_plan_binding:
-            project_path: "{{ root }}"
-            state: opened
-        - name: plan
-          ansible.builtin.command:
-            cmd: terraform plan -input=false -no-color -out=tfplan
-            chdir: "{{ root }}"
-          environment: "{{ tf_env }}"
-        - name: meddle between plan and gate
-          ansible.builtin.shell: "{{ meddle_after_plan }}"
-          args:
-            chdir: "{{ root }}"
-          when: meddle_after_plan | length > 0
-        - name: gate
-          csis.infra.csis_gate_plan:
-            project_path: "{{ root }}"
-            plan_file: tfplan
-            allow_destroy: "{{ allow_destroy }}"
-          register: gate
-          ignore_errors: true
-        - name: meddle between gate and apply
-          ansible.builtin.shell: "{{ meddle_after_gate }}"
-          args:
-            chdir: "{{ root }}"
-          when: gate is succeeded and meddle_after_gate | length > 0
-        - name: verify the binding
-          csis.infra.csis_plan_binding:
-            project_path: "{{ root }}"
-            state: verified
-          register: verified
-          ignore_errors: true
-          when: gate is succeeded
-        - name: apply exactly the gated plan
-          ansible.builtin.command:
-            cmd: terraform apply -input=false -no-color tfplan
-            chdir: "{{ root }}"
-          environment: "{{ tf_env }}"
-          register: applied
-          when: gate is succeeded and verified is succeeded
+        - name: the gate cases
+          ansible.builtin.include_tasks: "{{ case_tasks }}"
+          loop: "{{ cases }}"
+          loop_control:
+            loop_var: case
+            label: "{{ case.name }}"
         - name: results
           ansible.builtin.copy:
             dest: "{{ results }}"
-            content: "{{ {'gate': gate, 'verified': verified, 'applied': applied} | to_json }}"
+            content: "{{ gate_results | to_json }}"
 """)
 
 
@@ -135,67 +164,89 @@ def tf_root(tmp_path_factory):
     return base, root
 
 
-def _gate_run(base, root, name, allow=(), after_plan="", after_gate=""):
-    return _run_playbook(base, name, GATE_PLAYBOOK, {
-        "root": str(root), "tf_env": env_overrides(), "allow_destroy": list(allow),
-        "meddle_after_plan": after_plan, "meddle_after_gate": after_gate})
+GATE_CASES = [
+    # 1. first apply: creates only
+    {"name": "first"},
+    # 2. a changed input replaces terraform_data.x: refused without a whitelist
+    {"name": "replace_refused", "gen": "2"},
+    # 3. the same plan with the whitelist: admitted, verified, applied
+    {"name": "replace_admitted", "allow": ["terraform_data.x"]},
+    # 4. a module file (outside the root) edited between plan and gate: stale, nothing applied
+    {"name": "stale_module", "gen": "3", "allow": ["terraform_data.x"], "after_plan": "echo '# edited' >> ../modsrc/m/main.tf"},
+    # 5. a .tfvars edited after the gate: refused at verified
+    {"name": "stale_after_gate", "allow": ["terraform_data.x"], "after_gate": "echo 'gen = \"4\"' > gen.auto.tfvars"},
+    # 6. plan bytes tampered after the gate: refused at verified
+    {"name": "tampered", "allow": ["terraform_data.x"], "after_gate": "printf 'x' >> tfplan"},
+    # 7. the plan step produced nothing (plan file removed): the gate says so
+    {"name": "missing", "allow": ["terraform_data.x"], "after_plan": "rm -f tfplan"},
+]
+
+
+def _case_outputs(stdout, names):
+    """The run's printed output cut at the "GATE CASE <name>" markers: {name: that case's output}."""
+    marks = [re.search(r"GATE CASE %s\b" % re.escape(n), stdout).start() for n in names]
+    return {n: stdout[m:e] for n, m, e in zip(names, marks, marks[1:] + [len(stdout)])}
 
 
 def test_gate_flow_with_real_terraform(tf_root):
+    """The seven gate cases, in order, through one ansible-playbook run (see GATE_CASE_TASKS)."""
     base, root = tf_root
+    tasks = base / "gate_case.yml"
+    tasks.write_text(GATE_CASE_TASKS)
+    results, proc = _run_playbook(base, "gate", GATE_PLAYBOOK, {
+        "root": str(root), "tf_env": env_overrides(), "cases": GATE_CASES, "case_tasks": str(tasks)})
+    names = [c["name"] for c in GATE_CASES]
+    assert sorted(results) == sorted(names), proc.stdout
+    out = _case_outputs(proc.stdout, names)
+
     # 1. first apply: creates only
-    res, proc = _gate_run(base, root, "first")
-    assert not res["gate"].get("failed"), proc.stdout
+    res = results["first"]
+    assert not res["gate"].get("failed"), out["first"]
     assert res["gate"]["summary"] == "Plan: 3 to add, 0 to change, 0 to destroy"
     assert res["verified"]["plan_sha256"] == res["gate"]["plan_sha256"]
-    assert res["applied"]["rc"] == 0, proc.stdout
+    assert res["applied"]["rc"] == 0, out["first"]
 
     # 2. a changed input replaces terraform_data.x: refused without a whitelist
-    (root / "gen.auto.tfvars").write_text('gen = "2"\n')
-    res, proc = _gate_run(base, root, "replace_refused")
+    res = results["replace_refused"]
     assert res["gate"]["failed"] is True
     assert res["gate"]["msg"] == "DESTROY NOT WHITELISTED: terraform_data.x"
     assert res["gate"]["violations"] == ["DESTROY NOT WHITELISTED: terraform_data.x"]
     assert res["gate"]["addresses"]["replace"] == ["terraform_data.x"]
     assert res["verified"].get("skipped") and res["applied"].get("skipped")
-    assert "DESTROY NOT WHITELISTED: terraform_data.x" in proc.stdout
+    assert "DESTROY NOT WHITELISTED: terraform_data.x" in out["replace_refused"]
 
     # 3. the same plan with the whitelist: admitted, verified, applied
-    res, proc = _gate_run(base, root, "replace_admitted", allow=["terraform_data.x"])
-    assert not res["gate"].get("failed"), proc.stdout
+    res = results["replace_admitted"]
+    assert not res["gate"].get("failed"), out["replace_admitted"]
     assert res["gate"]["summary"] == ("Plan: 1 to add, 0 to change, 1 to destroy (1 replacement); "
                                       "1 destroy whitelisted by terraform_data.x")
     assert res["gate"]["whitelisted"] == [{"address": "terraform_data.x", "entry": "terraform_data.x",
                                            "kind": "replace"}]
-    assert res["applied"]["rc"] == 0, proc.stdout
+    assert res["applied"]["rc"] == 0, out["replace_admitted"]
 
     # 4. a module file (outside the root) edited between plan and gate: stale, nothing applied
-    (root / "gen.auto.tfvars").write_text('gen = "3"\n')
-    res, proc = _gate_run(base, root, "stale_module", allow=["terraform_data.x"],
-                          after_plan="echo '# edited' >> ../modsrc/m/main.tf")
+    res = results["stale_module"]
     assert res["gate"]["failed"] is True
     assert res["gate"]["msg"].startswith("STALE PLANFILE: tfplan is older than the root: ")
     assert "module ../modsrc/m/main.tf (modified)" in res["gate"]["msg"]
     assert res["applied"].get("skipped")
 
     # 5. a .tfvars edited after the gate: refused at verified
-    res, proc = _gate_run(base, root, "stale_after_gate", allow=["terraform_data.x"],
-                          after_gate="echo 'gen = \"4\"' > gen.auto.tfvars")
-    assert not res["gate"].get("failed"), proc.stdout
+    res = results["stale_after_gate"]
+    assert not res["gate"].get("failed"), out["stale_after_gate"]
     assert res["verified"]["failed"] is True
     assert "gen.auto.tfvars (modified)" in res["verified"]["msg"]
     assert res["applied"].get("skipped")
 
     # 6. plan bytes tampered after the gate: refused at verified
-    res, proc = _gate_run(base, root, "tampered", allow=["terraform_data.x"],
-                          after_gate="printf 'x' >> tfplan")
-    assert not res["gate"].get("failed"), proc.stdout
+    res = results["tampered"]
+    assert not res["gate"].get("failed"), out["tampered"]
     assert res["verified"]["failed"] is True
     assert res["verified"]["msg"].startswith("STALE PLANFILE: tfplan changed after the gate passed it")
     assert res["applied"].get("skipped")
 
     # 7. the plan step produced nothing (plan file removed): the gate says so
-    res, proc = _gate_run(base, root, "missing", allow=["terraform_data.x"], after_plan="rm -f tfplan")
+    res = results["missing"]
     assert res["gate"]["msg"] == "STALE PLANFILE: tfplan does not exist — the plan step did not produce it"
 
 
