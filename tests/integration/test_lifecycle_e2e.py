@@ -490,7 +490,7 @@ def test_an_import_into_a_root_rendered_after_the_storage_was_declared_installs_
     # as the storage declares it (an unencrypted one, or another zone, would be planned as a replacement,
     # which the gate refuses: docs/drift.md)
     vid = drift.moto.client("ec2").create_volume(AvailabilityZone="us-east-2a", Size=100, VolumeType="gp3",
-                                                Encrypted=True)["VolumeId"]
+                                                 Encrypted=True)["VolumeId"]
 
     res = drift.play("state_import.yml", import_storage="p2", storage_id=vid)
     assert res.returncode == 0, res.stdout[-4000:]
