@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from urllib.parse import quote
 
 import pytest
 
@@ -117,10 +118,49 @@ def test_a_failing_remote_never_shows_its_credentials(tmp_path):
         ws.commit_root(str(tree), "http://bob:s3cr3t@127.0.0.1:9/ws.git", project_path=str(proj), summary=ADD, **WHERE)
     text = str(err.value)
     assert "s3cr3t" not in text and "bob" not in text
-    assert text.startswith("git fetch") and "http://***@127.0.0.1:9/ws.git" in text
+    assert text.startswith("git fetch") and "http://127.0.0.1:9/ws.git" in text  # git never had them
     # the URL is not stored in the clone either
     with open(os.path.join(str(tree), "generated", ".workspace", ROOT, ".git", "config"), encoding="utf-8") as fh:
         assert "s3cr3t" not in fh.read()
+
+
+def test_a_token_in_an_http_url_never_reaches_a_command_line_nor_a_credential_store(env, monkeypatch):
+    """Against a real smart-HTTP git server with basic authentication: the commit's fetch and
+    push and the merge check's fetch authenticate with the URL's user and token (percent-encoded
+    in the URL, as a token may need), while no process on the machine has the token on its
+    command line (``ps``), and the user's own credential helper (``store``) is never handed it."""
+    from git_http import GitHTTPServer, command_lines_holding  # tests/support
+
+    e, token = env, "ghp_T0k@n:with/odd%chars"
+    home = e["tmp"] / "home"
+    write(str(home / ".gitconfig"), "[credential]\n\thelper = store\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")  # the operator's own: kept, ours come after it
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "http.lowSpeedTime")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "60")
+    bare, extra = ws.split_credentials("https://bot:%s@git.example.org:8443/ws.git" % quote(token, safe=""))
+    assert bare == "https://git.example.org:8443/ws.git" and extra["CSIS_GIT_PASSWORD"] == token
+    assert extra["GIT_CONFIG_COUNT"] == "3" and extra["GIT_CONFIG_KEY_2"] == "credential.https://git.example.org:8443.helper"
+    assert token not in " ".join(v for k, v in extra.items() if k != "CSIS_GIT_PASSWORD")
+    for plain in ("../ws.git", "git@github.com:org/ws.git", "ssh://tok@h/x", "https://bot@h/ws.git", "https://h/ws.git"):
+        assert ws.split_credentials(plain) == (plain, {})
+    with GitHTTPServer(str(e["tmp"]), "bot", token) as srv:
+        url = srv.url("ws.git", "bot:" + quote(token, safe=""))
+        res = ws.commit_root(e["tree"], url, project_path=e["proj"], summary=ADD, **WHERE)
+        assert res["pushed"] and bare_ref(e, "update_storage-aws-ebs") == res["commit"]
+        assert res["repo"] == srv.url("ws.git", "***") and token not in json.dumps(res)
+        merge_in_clone(e, "update_storage-aws-ebs")
+        assert ws.check_merged(e["tree"], url, project_path=e["proj"], **WHERE)["digest"]
+        with pytest.raises(ws.WorkspaceError) as err:  # a wrong token: refused by the server, and not shown
+            ws.commit_root(e["tree"], srv.url("ws.git", "bot:wrong-" + token[:3]), project_path=e["proj"],
+                           summary="other", **WHERE)
+        assert "wrong" not in str(err.value) and "Authentication failed" in str(err.value), str(err.value)
+    methods = [r[0] for r in srv.requests if r[2]]
+    assert "POST" in methods and any("git-receive-pack" in r[1] for r in srv.requests if r[2]), srv.requests
+    assert srv.exposed == [] and command_lines_holding(token) == []
+    assert not (home / ".git-credentials").exists()
+    with open(os.path.join(e["tree"], "generated", ".workspace", ROOT, ".git", "config"), encoding="utf-8") as fh:
+        assert token not in fh.read()
 
 
 def test_the_setting_is_strict():

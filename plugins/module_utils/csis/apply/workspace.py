@@ -14,7 +14,11 @@
 The git CLI, through :func:`_git` only: a timeout on every call, no prompt
 (``GIT_TERMINAL_PROMPT=0``), no ``ext::`` transport (a command line in disguise), no hooks.
 The repository URL is never stored in the clone's configuration (every fetch and push
-names it) and every message masks the userinfo of a URL (:func:`mask_url`).
+names it) and every message masks the userinfo of a URL (:func:`mask_url`). Credentials in an
+``http(s)://user:token@host/...`` URL never reach git's command line (where ``ps`` shows them to
+every user of the machine): git is given the URL without them, and a credential helper scoped to
+that host answers from its environment (:func:`split_credentials`); no other helper (a
+``credential.helper=store`` of the user's) sees or stores them.
 The local clone of each root is ``generated/.workspace/<root>/`` (run output).
 """
 from __future__ import annotations
@@ -24,7 +28,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import unquote
 
 from ..config import models as m
 from ..config.loader import CONFIG_REL, parse_model, read_yaml
@@ -95,11 +100,57 @@ def setting(config_root: str) -> Optional[m.WorkspaceSetting]:
 
 
 # ----------------------------------------------------------------------------- git
+#: ``http(s)://[user[:password]@]host[:port]`` and the rest of the URL
+_HTTP_USERINFO = re.compile(r"^(?P<scheme>https?)://(?:(?P<userinfo>[^/@?#]*)@)?(?P<host>[^/?#]*)(?P<rest>.*)\Z",
+                            re.S | re.I)
+#: the helper git runs (``sh -c``) for ``credential fill``: answers ``get`` from the environment,
+#: so the secret is never an argument of any process (printf is the shell's own)
+_HELPER = ('!f() { test "$1" = get || exit 0; printf \'username=%s\\npassword=%s\\n\' '
+           '"$CSIS_GIT_USERNAME" "$CSIS_GIT_PASSWORD"; }; f')
+
+
+def split_credentials(url: str, environ: Optional[Mapping[str, str]] = None) -> Tuple[str, Dict[str, str]]:
+    """``url`` for git's command line, and the environment that gives git its credentials.
+
+    An ``http(s)`` URL with a password or token in it (``https://bot:token@host/ws.git``)
+    becomes the URL without its userinfo, plus ``GIT_CONFIG_*`` variables that (1) empty the
+    list of credential helpers and (2) set, for that scheme and host only, a helper answering
+    with the user name and password (percent-decoded, as git would) from
+    ``CSIS_GIT_USERNAME``/``CSIS_GIT_PASSWORD``. Variables the operator set (``GIT_CONFIG_COUNT``
+    and its keys, from ``environ``) stay, before these. Any other URL (a path, ``ssh://``,
+    ``user@host:path``, ``https://user@host``: a user name, no secret) is returned as it is."""
+    found = _HTTP_USERINFO.match(url)
+    if not found or ":" not in (found.group("userinfo") or ""):
+        return url, {}
+    user, _, password = found.group("userinfo").partition(":")
+    base = "%s://%s" % (found.group("scheme"), found.group("host"))
+    environ = os.environ if environ is None else environ
+    try:
+        n = max(0, int(environ.get("GIT_CONFIG_COUNT") or 0))
+    except ValueError:
+        n = 0
+    return base + found.group("rest"), {
+        "GIT_CONFIG_COUNT": str(n + 2),
+        "GIT_CONFIG_KEY_%d" % n: "credential.helper", "GIT_CONFIG_VALUE_%d" % n: "",
+        "GIT_CONFIG_KEY_%d" % (n + 1): "credential.%s.helper" % base, "GIT_CONFIG_VALUE_%d" % (n + 1): _HELPER,
+        "CSIS_GIT_USERNAME": unquote(user), "CSIS_GIT_PASSWORD": unquote(password),
+    }
+
+
+def _remote(args: Sequence[str], cwd: str, url: str) -> subprocess.CompletedProcess:
+    """``git <args> -- <url> <refspec>`` (``args`` ends with the refspec; the URL goes before
+    it), the URL's credentials given through the environment (:func:`split_credentials`)."""
+    bare, env = split_credentials(url)
+    return _git(list(args[:-1]) + ["--", bare, args[-1]], cwd, env=env)
+
+
 def _git(args: Sequence[str], cwd: str, *, env: Optional[Mapping[str, str]] = None, data: Optional[bytes] = None,
          check: bool = True, timeout: int = GIT_TIMEOUT) -> subprocess.CompletedProcess:
     full = dict(os.environ)
     for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE"):
         full.pop(k, None)
+    for k in ("CSIS_GIT_USERNAME", "CSIS_GIT_PASSWORD"):
+        full.pop(k, None)  # only the credentials this call is given (split_credentials)
     full.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_ASKPASS": "",
                  "SSH_ASKPASS": "", "GCM_INTERACTIVE": "never"})
     full.update(env or {})
@@ -133,7 +184,7 @@ def _clone(config_root: str, root: str, url: str) -> str:
     if not os.path.isdir(os.path.join(clone, ".git")):
         os.makedirs(clone, exist_ok=True)
         _git(["init", "-q", clone], os.path.dirname(clone))
-    _git(["fetch", "-q", "--prune", "--no-tags", "--", url, "+refs/heads/*:" + _REMOTE_REFS + "*"], clone)
+    _remote(["fetch", "-q", "--prune", "--no-tags", "+refs/heads/*:" + _REMOTE_REFS + "*"], clone, url)
     return clone
 
 
@@ -244,7 +295,7 @@ def commit_root(config_root: str, repo: str, *, root: str, lifecycle: str, build
     parents = ["-p", base] if base else []
     commit = _out(_author_config(clone) + ["commit-tree", tree] + parents + ["-F", "-"], clone,
                   data=commit_message(summary, root, plan_digest, run_id, digest, requester()).encode("utf-8"))
-    _git(["push", "-q", "--", url, "%s:refs/heads/%s" % (commit, branch)], clone)
+    _remote(["push", "-q", "%s:refs/heads/%s" % (commit, branch)], clone, url)
     _git(["update-ref", _REMOTE_REFS + branch, commit], clone)
     out.update(commit=commit, pushed=True, message="%s: committed %s to branch %s of %s (%s) and pushed it"
                % (root, prefix + "/", branch, mask_url(url), subject))
