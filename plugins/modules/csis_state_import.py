@@ -59,6 +59,40 @@ result:
     to the root's terraform state (C(terraform)).
   returned: success
   type: dict
+  contains:
+    storage:
+      description: The storage's name.
+      type: str
+      sample: mnt_data
+    type:
+      description: The storage's type (C(ebs), C(efs) or C(s3)).
+      type: str
+      sample: ebs
+    id:
+      description: The id imported (the volume id, the file system id or the bucket name).
+      type: str
+      sample: vol-0123456789abcdef0
+    facts:
+      description: The facts recorded for the storage in C(storage-state.yaml).
+      type: dict
+    written:
+      description: The meta-state files the transaction wrote (empty in check mode and when nothing changed).
+      type: list
+      elements: str
+    changed:
+      description: Whether meta-state or the terraform state was (or, in check mode, would be) changed.
+      type: bool
+    terraform:
+      description:
+        - One line on the root's terraform state. C(imported <id> into the terraform state of <root> as <address>),
+          followed by what the import needed first, each in parentheses, when it did (an entry of a deleted
+          resource removed, the module call installed, and C(released a stale state lock ...) when a killed run of
+          this machine had left the root's S3 state lock); C(would import ...) in check mode; C(terraform state
+          already holds ...); or C(terraform state not touched: ...) with the reason (the root not rendered and
+          initialised yet, or rendered before the storage was declared).
+      type: str
+      sample: "imported vol-0123456789abcdef0 into the terraform state of /srv/tree/generated/storage/aws-ebs/storage-generation
+        as module.storage_mnt_data.aws_ebs_volume.this (released a stale state lock: ...)"
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, reveal_of
