@@ -20,6 +20,9 @@ description:
     thing exists (a launched instance, a storage recorded C(active) or C(archived)) is forgotten only with I(force)
     (the endpoint shows it gone) or I(confirm).
   - Terraform state is not touched.
+  - Idempotent. Forgetting again what was forgotten last (the instance's last generation closed C(why=forgotten),
+    the storage's last audit record its forget) changes nothing and reports C(already_forgotten); a name that nothing
+    ever recorded fails (C(nothing is recorded for it)), as a misspelt name should.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
@@ -64,6 +67,27 @@ result:
   description: What was forgotten, what the endpoint said (C(checked)), and the meta-state files written.
   returned: success
   type: dict
+  contains:
+    instance:
+      description: The instance forgotten (with I(instance)).
+      type: str
+      sample: test2
+    storage:
+      description: The storage forgotten (with I(storage)).
+      type: str
+      sample: mnt_data
+    checked:
+      description: What the endpoint said of the recorded resource, or C(already forgotten (...); nothing to do).
+      type: str
+      sample: vol-0123456789abcdef0 is gone
+    already_forgotten:
+      description: True when the record had already been forgotten (nothing was written).
+      type: bool
+      returned: when true
+    written:
+      description: The meta-state files written (empty in check mode and when already forgotten).
+      type: list
+      elements: str
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, ModuleRun, argument_spec, reveal_of
@@ -74,7 +98,7 @@ def _forget(module, p):
     fn, name = (forget_instance, p["instance"]) if p["instance"] else (forget_storage, p["storage"])
     res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"], check=module.check_mode,
              force=p["force"], reveal=reveal_of(module))
-    return dict(changed=bool(res["written"]) or module.check_mode, result=res)
+    return dict(changed=bool(res["written"]) or (module.check_mode and not res.get("already_forgotten")), result=res)
 
 
 RUN = ModuleRun(

@@ -79,8 +79,15 @@ def test_forget_storage_refuses_while_it_exists_or_cannot_be_checked(root):
         so.forget_storage(root, "mnt_data", factory=present, force=True)  # force is for things that are gone
     so.forget_storage(root, "mnt_data", confirm=True, factory=present)
     assert ms(root, "storage-state.yaml")["storages"] == {}
-    with pytest.raises(so.StateOpError, match="nothing is recorded"):
-        so.forget_storage(root, "mnt_data", factory=present)
+    # forgetting it again changes nothing and says so (idempotent); a name never recorded is refused
+    revision = MetaState(root).revision()
+    again = so.forget_storage(root, "mnt_data", factory=present)
+    assert again["already_forgotten"] is True and again["written"] == [], again
+    assert again["checked"].startswith("already forgotten (revision "), again
+    assert so.forget_storage(root, "mnt_data", factory=present, check=True)["already_forgotten"] is True
+    assert MetaState(root).revision() == revision  # no transaction committed
+    with pytest.raises(so.StateOpError, match="storage 'mnt_dat': nothing is recorded for it"):
+        so.forget_storage(root, "mnt_dat", factory=present)
 
 
 def test_forget_a_destroyed_storage_needs_no_word_and_no_lookup(root):
@@ -113,6 +120,12 @@ def test_forget_instance(root):
                                                                 "op": "forget", "run": "r2"}
     st = ms(root, "instance-state.yaml")["instances"]["test2"]
     assert st["current"] is None and st["history"][-1]["why"] == "forgotten" and st["generation"]["durable"] == 1
+    again = so.forget_instance(root, "test2", run="r3", factory=fake())  # no lookup: nothing is recorded
+    assert again["already_forgotten"] is True and again["written"] == [] and again["instance_id"] == "i-0aaa", again
+    assert again["checked"].startswith("already forgotten (run r2, "), again
+    assert ms(root, "instance-state.yaml")["instances"]["test2"] == st
+    with pytest.raises(so.StateOpError, match="instance 'tset2': nothing is recorded for it"):
+        so.forget_instance(root, "tset2", factory=fake())
 
 
 def test_import_storage_refusals(root):

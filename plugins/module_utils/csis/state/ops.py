@@ -13,6 +13,9 @@ Every change goes through a :meth:`MetaState.transaction` (lock, atomic replace)
   (or when that cannot be checked) unless ``confirm`` is true.
 * :func:`forget_storage` drops a storage's ``storage-state.yaml`` record, with the same
   refusal for a storage whose resource still exists.
+* Forgetting again what was forgotten last (the instance's last generation closed ``why:
+  forgotten``; the storage's last audit record a forget of it) changes nothing and says so
+  (``already_forgotten``); a name nothing ever recorded is refused, as a typo should be.
 
 Destroy before delete: a record is deleted once what it records is destroyed. A storage
 recorded ``destroyed`` is forgotten as it is (no lookup). A record that still says the
@@ -46,7 +49,7 @@ from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
 from .record import add_history, attaches, close_instance_records, mounted_storages, refresh_storage_model
-from .store import MetaState
+from .store import MetaState, audit_trail
 
 
 class StateOpError(CsisError):
@@ -83,6 +86,12 @@ def _endpoint(tree: Any, runtime: Optional[str], factory: Optional[ClientFactory
 
 
 # --------------------------------------------------------------------------- forget
+def _already(what: str, name: str, when: str) -> Dict[str, Any]:
+    """The result of forgetting again what was forgotten last: nothing written."""
+    return {what: name, "already_forgotten": True, "checked": "already forgotten (%s); nothing to do" % when,
+            "written": []}
+
+
 def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bool = False, run: Optional[str] = None,
                     check: bool = False, factory: Optional[ClientFactory] = None, force: bool = False,
                     reveal: Optional[Reveal] = None) -> Dict[str, Any]:
@@ -92,6 +101,10 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     pins = meta["pins.yaml"]
     recorded = name in lps or (iss.get(name) or {}).get("current") or name in pins["instances"] \
         or name in pins["pending_replacements"]
+    last = ((iss.get(name) or {}).get("history") or [None])[-1]
+    if not recorded and isinstance(last, dict) and last.get("why") == "forgotten":
+        return dict(_already("instance", name, "run %s, %s" % (last.get("closed_run"), last.get("closed_at"))),
+                    instance_id=last.get("instance_id"))
     if not recorded:
         raise StateOpError("instance '%s': nothing is recorded for it (recorded instances: %s)"
                            % (name, ", ".join(sorted(lps)) or "none"))
@@ -139,6 +152,9 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
     tree, meta = _load(config_root, overlays)
     recs = meta["storage-state.yaml"]["storages"]
     if name not in recs:
+        trail = audit_trail(MetaState(tree.root), storage=name)
+        if trail and trail[-1].get("what") == "csis_forget storage %s" % name:
+            return _already("storage", name, "revision %s, %s" % (trail[-1].get("revision"), trail[-1].get("time")))
         raise StateOpError("storage '%s': nothing is recorded for it (recorded storages: %s)"
                            % (name, ", ".join(sorted(recs)) or "none"))
     exp = expectations(tree, meta)["storages"].get(name)
