@@ -67,7 +67,7 @@ class GitHTTPServer:
                 pass
 
             def _serve(self) -> None:
-                path, _, query = self.path.partition("?")
+                path, _sep, query = self.path.partition("?")
                 ok = self.headers.get("Authorization") == srv.expected
                 srv.requests.append((self.command, path, ok))
                 srv.exposed.extend(command_lines_holding(srv.password))
@@ -88,10 +88,10 @@ class GitHTTPServer:
                         env[var] = self.headers[header]
                 out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, timeout=60,
                                      check=False).stdout
-                head, _, payload = out.partition(b"\r\n\r\n")
+                head, _sep, payload = out.partition(b"\r\n\r\n")
                 status, headers = 200, []
                 for line in head.decode("latin-1").split("\r\n"):
-                    name, _, value = line.partition(":")
+                    name, _sep, value = line.partition(":")
                     if name.lower() == "status":
                         status = int(value.split()[0])
                     elif name:

@@ -122,7 +122,7 @@ def split_credentials(url: str, environ: Optional[Mapping[str, str]] = None) -> 
     found = _HTTP_USERINFO.match(url)
     if not found or ":" not in (found.group("userinfo") or ""):
         return url, {}
-    user, _, password = found.group("userinfo").partition(":")
+    user, _sep, password = found.group("userinfo").partition(":")
     base = "%s://%s" % (found.group("scheme"), found.group("host"))
     environ = os.environ if environ is None else environ
     try:
