@@ -68,7 +68,8 @@ options:
         in I(lifecycle) (identity, then storage, then instance-image) and validate them in a second
         C(validate) run beside this run's (the two use two cores at once), so those lifecycles' own dry
         runs find them unchanged and run no terraform.
-      - They are reported in RV(prepared_ahead), and their files count in C(changed) and the diff.
+      - They are reported in RV(prepared_ahead), and their files count in C(changed) and the diff. In check
+        mode they are compared and not written (RV(prepared_ahead) lists those the dry run would write).
         A following root that cannot be rendered or validated here is left to its own lifecycle's run,
         which reports it; it never fails this one.
     type: bool
@@ -113,8 +114,9 @@ attributes:
     support: full
     details:
       - Shows a unified diff of every generated file the run writes or would write - the roots' files, the
-        vendored modules under C(generated/.modules/) and a new C(generated/.gitignore) (not a root's own file
-        list, C(.csis-manifest.json)).
+        vendored modules under C(generated/.modules/) and a new C(generated/.gitignore). A root's own file list,
+        C(.csis-manifest.json), is shown only when it is missing and every other file of the root is as rendered
+        (the one file the run writes there).
 notes:
   - Terraform runs with the collection's CLI configuration (provider mirror and shared plugin cache);
     see C(docs/terraform.md).
@@ -284,7 +286,7 @@ roots:
       type: bool
 prepared_ahead:
   description:
-    - The roots of the following lifecycles this run wrote or validated (O(prepare_ahead)), each with
+    - The roots of the following lifecycles this run wrote or validated (in check mode, would write; O(prepare_ahead)), each with
       C(key), C(directory), C(changed) and C(commands). One already validated with the same files is not
       listed; one whose C(commands) hold no C(validate) (it failed there) is validated by its own lifecycle's run.
   returned: success

@@ -84,12 +84,12 @@ result:
       type: bool
     terraform:
       description:
-        - One line on the root's terraform state. C(imported <id> into the terraform state of <root> as <address>),
+        - "One line on the root's terraform state. C(imported <id> into the terraform state of <root> as <address>),
           followed by what the import needed first, each in parentheses, when it did (an entry of a deleted
           resource removed, the module call installed, and C(released a stale state lock ...) when a killed run of
           this machine had left the root's S3 state lock); C(would import ...) in check mode; C(terraform state
           already holds ...); or C(terraform state not touched: ...) with the reason (the root not rendered and
-          initialised yet, or rendered before the storage was declared).
+          initialised yet, or rendered before the storage was declared)."
       type: str
       sample: "imported vol-0123456789abcdef0 into the terraform state of /srv/tree/generated/storage/aws-ebs/storage-generation
         as module.storage_mnt_data.aws_ebs_volume.this (released a stale state lock: ...)"

@@ -463,6 +463,22 @@ def test_check_mode_writes_nothing(tmp_path: Any) -> None:
     assert any(d["after_header"].endswith("user-data-test2.sh.tftpl") for d in res["diff"])
 
 
+def test_check_mode_of_a_dry_run_shows_the_following_roots_it_would_prepare(tmp_path: Any) -> None:
+    """A dry run writes the following lifecycles' roots too (prepare_ahead); its check mode reports
+    them, and their files in the diff, as it reports its own, and writes none of them."""
+    root = rt.copy_tree("examples", str(tmp_path))
+    before = rt.tree_hash(str(tmp_path))
+    res = service.render(root, ["storage"], dry_run=True, check_mode=True, want_diff=True, prepare_ahead=True)
+    assert rt.tree_hash(str(tmp_path)) == before
+    assert [a["key"] for a in res["prepared_ahead"]] == ["instance-image-open-tofu"], res["prepared_ahead"]
+    assert res["prepared_ahead"][0]["changed"] is True and res["prepared_ahead"][0]["commands"] == []
+    assert any(d["after_header"].endswith("user-data-test2.sh.tftpl") for d in res["diff"])
+    # once a dry run wrote them, check mode has nothing ahead to show
+    service.render(root, ["storage", "instance-image"], dry_run=True, prepare=False)
+    again = service.render(root, ["storage"], dry_run=True, check_mode=True, want_diff=True, prepare_ahead=True)
+    assert again["prepared_ahead"] == [] and again["diff"] == [] and again["changed"] is False, again["diff"]
+
+
 def test_second_render_is_unchanged(tmp_path: Any) -> None:
     root = rt.copy_tree("variations", str(tmp_path))
     first = service.render(root, ALL, prepare=False)
@@ -475,6 +491,16 @@ def test_second_render_is_unchanged(tmp_path: Any) -> None:
     assert rt.tree_hash(gen) == h
     check = service.render(root, ALL, check_mode=True, want_diff=True, prepare=False)
     assert check["changed"] is False and check["diff"] == []
+    # a root whose files are as rendered but whose manifest is gone: changed, and the diff shows the
+    # manifest it would write (never "changed" with nothing to show)
+    some = first["roots"][0]["directory"]
+    with open(os.path.join(some, MANIFEST), encoding="utf-8") as fh:
+        manifest = fh.read()
+    os.unlink(os.path.join(some, MANIFEST))
+    check = service.render(root, ALL, check_mode=True, want_diff=True, prepare=False)
+    assert check["changed"] is True
+    assert [(d["after_header"], d["before"], d["after"]) for d in check["diff"]] == \
+        [(os.path.join(some, MANIFEST), "", manifest)], check["diff"]
 
 
 def test_only_roots_writes_those_roots_and_leaves_the_others(tmp_path: Any) -> None:

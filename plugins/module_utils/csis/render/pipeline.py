@@ -122,7 +122,7 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         plans = [p for p in plans if p.key in wanted]
         prepare_ahead = False
     ahead: List[RootPlan] = []
-    if prepare_ahead and dry_run and prepare and not check_mode and not cascade and plans:
+    if prepare_ahead and dry_run and prepare and not cascade and plans:  # check mode: compared, not written
         ahead = _following_roots(tree, meta, lifecycles, opts)
     results = []
     changed = False
@@ -165,8 +165,9 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         return [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]
 
     # the following roots this run wrote or validated (one unchanged since it was stamped adds nothing)
+    # (check mode: the ones it would write)
     prepared_ahead = [{"key": p.key, "directory": p.directory, "changed": res.changed, "commands": done(p)}
-                      for p, res in results[len(plans):] if res.changed or done(p) != [UNCHANGED]]
+                      for p, res in results[len(plans):] if res.changed or (commands and done(p) != [UNCHANGED])]
     roots = []
     for p, res in results[:len(plans)]:
         d = p.as_dict(tree.root)

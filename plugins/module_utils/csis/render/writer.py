@@ -67,6 +67,11 @@ def _manifest(directory: str) -> List[str]:
         return []
 
 
+def manifest_text(files: Mapping[str, str]) -> str:
+    """What :func:`write_root` writes as the root's :data:`MANIFEST` for ``files``."""
+    return json.dumps({"generated_by": "csis.infra", "files": sorted(files)}, indent=1, sort_keys=True) + "\n"
+
+
 def compare(directory: str, files: Mapping[str, str], want_diff: bool) -> EmitResult:
     old_files = _manifest(directory)
     res = EmitResult(directory=directory, changed=False)
@@ -87,6 +92,9 @@ def compare(directory: str, files: Mapping[str, str], want_diff: bool) -> EmitRe
                                  "before": _read(os.path.join(directory, n)) or "", "after": ""})
     if not os.path.isdir(directory) or not os.path.exists(os.path.join(directory, MANIFEST)):
         res.changed = True
+        if want_diff:  # the one file written where every other one is already as rendered: shown too
+            path = os.path.join(directory, MANIFEST)
+            res.diff.append({"before_header": path, "after_header": path, "before": "", "after": manifest_text(files)})
     res.changed = res.changed or bool(res.added or res.removed or res.modified)
     return res
 
@@ -122,8 +130,7 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, max(1, len(files)))) as pool:
             list(pool.map(_fsync_file, [os.path.join(stage, n) for n in files]))
         with open(os.path.join(stage, MANIFEST), "w", encoding="utf-8") as fh:
-            json.dump({"generated_by": "csis.infra", "files": sorted(files)}, fh, indent=1, sort_keys=True)
-            fh.write("\n")
+            fh.write(manifest_text(files))
         if os.path.isdir(directory):
             generated = set(_manifest(directory)) | {MANIFEST}
             for n in os.listdir(directory):
