@@ -32,3 +32,11 @@ def test_check_mode_of_a_real_run_renders_in_memory_and_stops_every_root(tmp_pat
     for step in ("Initialise the root", "Plan to a plan file", "Gate the plan", "Apply exactly that plan file"):
         assert "TASK [csis.infra.tofu_root : %s" % step not in run.out, step
     assert tree_hash(root) == before
+    # a dry run's check mode also shows the following lifecycle's root the dry run writes beside its own
+    run = e2e.run_playbook("storage.yml", root, {}, dry_run=True, args=["--check", "--diff"], timeout=600)
+    out = " ".join(run.out.split())
+    assert run.rc == 0, run.tail()
+    assert "(dry run: nothing is planned or applied); would write and validate ahead with them: " \
+        "instance-image-open-tofu" in out, run.tail()
+    assert "+module \"instance_test2\" {" in run.out  # the following root's files, in the diff
+    assert tree_hash(root) == before
