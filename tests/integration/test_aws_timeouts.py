@@ -95,12 +95,16 @@ def test_the_state_query_reports_a_hung_endpoint_unavailable_within_the_configur
     assert report["drift"] == [], report["drift"]  # nothing classified from what could not be read
 
 
-def test_state_query_playbook_on_a_hung_endpoint_says_unavailable_in_under_two_minutes(hung, tmp_path):
+def test_state_query_playbook_on_a_hung_endpoint_says_unavailable_within_the_operators_bounds(hung, tmp_path):
+    """Through the playbook, with the bounds an operator exports (the defaults' 10 s x 3 attempts
+    are the first test's: waiting them out again here would only cost the suite 30 s)."""
     la, rec = hung
     root = e2e.copy_example_tree(str(tmp_path / "tree"))
-    run = e2e.run_playbook("state_query.yml", root, la.env(rec["url"]), overlays=[la.overlay_path], dry_run=None,
-                           timeout=600)
+    bounds = {"CSIS_AWS_CONNECT_TIMEOUT": "2", "CSIS_AWS_READ_TIMEOUT": "3", "CSIS_AWS_MAX_ATTEMPTS": "2"}
+    run = e2e.run_playbook("state_query.yml", root, dict(la.env(rec["url"]), **bounds), overlays=[la.overlay_path],
+                           dry_run=None, timeout=600)
     assert run.rc == 0, run.tail()
-    assert run.seconds < 120, run.seconds
+    assert run.seconds < 60, run.seconds
     out = " ".join(run.out.split())
-    assert "unavailable: " in out and rec["url"] in out and "no answer within 10 s" in out, run.tail()
+    assert "unavailable: " in out and rec["url"] in out, run.tail()
+    assert "no answer within 3 s (read timeout, 2 attempt(s)" in out, run.tail()
