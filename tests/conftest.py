@@ -113,7 +113,7 @@ SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
 
 
 # -- order: the heaviest end-to-end files first ------------------------------------------
-# scripts/test runs `pytest -n 3 --dist loadfile`: xdist hands out whole files, a new one
+# scripts/test runs `pytest -n 4 --dist loadfile`: xdist hands out whole files, a new one
 # to a worker when at most 2 of its tests are left. Left alone it sorts the files by
 # their number of tests (--loadscope-reorder, on by default), which puts the many-test
 # unit files first and the few-test, minutes-long end-to-end files last: one worker is
