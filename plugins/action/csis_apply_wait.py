@@ -46,7 +46,7 @@ def _last_line(path):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("job", "log", "interval", "timeout", "label"))
+    _VALID_ARGS = frozenset(("job", "log", "interval", "timeout", "label", "unseen_grace"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -79,7 +79,11 @@ class ActionModule(ActionBase):
             now = time.monotonic()
             if now >= next_alive:
                 next_alive = now + ALIVE_EVERY
-                if watch.alive() is False:
+                alive = watch.alive()
+                # a job none of whose processes was ever seen (gone before the first look) is lost
+                # once its command has still not begun well after "started" (asyncjob.UNSEEN_GRACE)
+                if alive is False or (alive is None and watch.unseen()
+                                      and asyncjob.unseen_and_never_began(path, log, self._grace(args))):
                     data = asyncjob.read_results(path)  # it may have written its result, then exited
                     if asyncjob.finished(data):
                         break
@@ -110,6 +114,13 @@ class ActionModule(ActionBase):
         result.update(data)
         result["seconds"] = round(time.monotonic() - started, 1)
         return result
+
+    @staticmethod
+    def _grace(args):
+        try:
+            return max(0.0, float(args.get("unseen_grace", asyncjob.UNSEEN_GRACE)))
+        except (TypeError, ValueError) as exc:
+            raise AnsibleActionFail("unseen_grace must be a number: %s" % exc) from exc
 
     @staticmethod
     def _forget(path):

@@ -28,7 +28,9 @@ description:
     (C(kill -9), the kernel's OOM killer). The task then fails at once, naming the job, and removes its results file. Where
     the controller has no C(/proc) (not Linux) it cannot look, and only O(timeout) ends such a wait.
   - When O(log) was not written since the job said C(started) (the command truncates it when it starts), the command
-    never ran. The task then fails with RV(never_began) set, saying nothing was applied. Ansible's C(async_wrapper)
+    never ran. The task then fails with RV(never_began) set, saying nothing was applied. It does so too when the wait
+    never saw a process of the job, once O(unseen_grace) seconds have passed since C(started) without the log written
+    (the job was gone before the wait's first look). Ansible's C(async_wrapper)
     loses its worker this way on a controller loaded to its limit (ansible-core issue 87387), and the
     C(csis.infra.tofu_root) role then starts the same plan file once more.
 extends_documentation_fragment:
@@ -53,6 +55,14 @@ options:
   label:
     description: What the progress lines name (the task's name when unset).
     type: str
+  unseen_grace:
+    description:
+      - When the wait never saw a process of the job (its first look came after they had gone, as on a controller
+        loaded to its limit), the seconds after the job said C(started) that its command may take to begin (to
+        write O(log)) before the job is called lost, with RV(never_began) set.
+      - Applies only with O(log), on a controller whose processes can be read (Linux).
+    type: float
+    default: 30
 attributes:
   action:
     support: full

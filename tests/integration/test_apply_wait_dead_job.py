@@ -10,7 +10,10 @@ the tofu_root role starts its apply), in one real ``ansible-playbook`` run:
   within seconds, naming the job, although the wait's timeout is an hour;
 * a job whose ``async_wrapper`` running the module is killed alone (what the kernel's OOM
   killer does: one process), while the module's own child lives on, fails the same way: no
-  process is left that could write its result.
+  process is left that could write its result;
+* a job none of whose processes the wait ever sees (all gone before its first look, as on a
+  controller loaded to its limit) and whose command never wrote its log is called lost, with
+  ``never_began``, once ``unseen_grace`` has passed.
 
 The results files go to the test's own ``ANSIBLE_ASYNC_DIR`` (the wait removes them), and the
 jobs' payloads to its own ``ANSIBLE_REMOTE_TMP``.
@@ -89,11 +92,22 @@ PLAY = """\
       register: wrapper
       ignore_errors: true
 
+    - name: Wait for a job that was gone before the wait's first look (never seen, its log never written)
+      csis.infra.csis_apply_wait:
+        job: {ansible_job_id: "{{ lost_id }}", results_file: "{{ lost_results }}"}
+        log: "{{ lost_log }}"
+        interval: 1
+        timeout: 3600
+        unseen_grace: 2
+        label: "lost: apply"
+      register: lost
+      ignore_errors: true
+
     - name: Keep the results for the test
       ansible.builtin.copy:
         dest: "{{ out }}"
         content: "{{ {'ends_job': ends_job, 'ends': ends, 'whole_job': whole_job, 'whole': whole,
-                      'wrapper_job': wrapper_job, 'wrapper': wrapper} | to_json }}"
+                      'wrapper_job': wrapper_job, 'wrapper': wrapper, 'lost': lost} | to_json }}"
         mode: "0600"
 """
 
@@ -129,7 +143,14 @@ def test_a_killed_job_fails_the_wait_naming_it_and_a_live_one_is_waited_for(tmp_
     async_dir = dirs["ANSIBLE_ASYNC_DIR"]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(e2e.REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1", **dirs)
     log = open(str(tmp_path / "run.log"), "wb")
-    proc = subprocess.Popen([e2e.PLAYBOOK_BIN, str(playbook), "-e", json.dumps({"marker": marker, "out": str(out)})],
+    # a job whose processes were all gone before the wait's first look (ansible-core issue 87387 on
+    # a loaded controller): only its results file, saying "started", and no log of its command
+    lost_id = "j%012d.1" % (uuid.uuid4().int % 10 ** 12)
+    lost = dict(lost_id=lost_id, lost_results=os.path.join(async_dir, lost_id), lost_log=str(tmp_path / "lost.apply.log"))
+    os.makedirs(async_dir, exist_ok=True)
+    with open(lost["lost_results"], "w", encoding="utf-8") as fh:
+        json.dump({"started": True, "finished": False, "ansible_job_id": lost_id}, fh)
+    proc = subprocess.Popen([e2e.PLAYBOOK_BIN, str(playbook), "-e", json.dumps(dict(lost, marker=marker, out=str(out)))],
                             cwd=str(tmp_path), env=env, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     left = []
@@ -171,6 +192,9 @@ def test_a_killed_job_fails_the_wait_naming_it_and_a_live_one_is_waited_for(tmp_
                                         "but no process of the job (async_wrapper) is alive."
                                         % (case, job["ansible_job_id"], job["results_file"])), waited["msg"]
         assert not os.path.exists(job["results_file"])                  # nothing left in the async dir
+    # never seen, never begun: called lost once unseen_grace passed (not after the hour's timeout)
+    assert res["lost"]["failed"] is True and res["lost"]["never_began"] is True, res["lost"]
+    assert "lost: apply: the job %s is gone before its command started" % lost["lost_id"] in res["lost"]["msg"], res["lost"]
     assert os.listdir(async_dir) == []
 
 

@@ -142,3 +142,27 @@ def test_a_job_whose_command_never_wrote_its_log_never_began(tmp_path):
                           "%s says it started, but no process of the job (async_wrapper) is alive and %s was not "
                           "written since. Nothing was applied and nothing was recorded: run again." % (results, log))
     assert "ansible-core issue 87387" in msg
+
+
+def test_a_job_never_seen_whose_command_never_began_is_lost_after_the_grace(tmp_path):
+    """A wait whose first look came after every process of the job had gone (ansible-core issue
+    87387 on a controller loaded to its limit) never sees one: the job is called lost once its
+    command has still not written its log ``grace`` seconds after "started"; never sooner, never
+    when the log was written since (a job whose command line reads otherwise, running), never
+    without a log, and never once a process of the job was seen (then alive() decides)."""
+    import os
+
+    results, log = tmp_path / "j1.2", tmp_path / ".apply.log"
+    results.write_text('{"started": true}', encoding="utf-8")
+    started = os.stat(str(results)).st_mtime
+    assert asyncjob.unseen_and_never_began(str(results), str(log), 30, now=started + 29) is False  # within the grace
+    assert asyncjob.unseen_and_never_began(str(results), str(log), 30, now=started + 31) is True
+    assert asyncjob.unseen_and_never_began(str(results), "", 30, now=started + 3600) is False      # no log named
+    assert asyncjob.unseen_and_never_began(str(tmp_path / "gone"), str(log), 30, now=started + 3600) is False
+    log.write_text("terraform apply ...\n", encoding="utf-8")
+    os.utime(str(log), (started + 1, started + 1))
+    assert asyncjob.unseen_and_never_began(str(results), str(log), 30, now=started + 3600) is False  # it began
+    watch = asyncjob.JobWatch("%s.1" % _tag())
+    assert watch.alive() is None and watch.unseen() is True
+    watch.seen = True  # a process of the job was seen once: gone or not is alive()'s to say
+    assert watch.unseen() is False

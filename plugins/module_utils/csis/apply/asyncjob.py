@@ -12,17 +12,28 @@ When the results file still says "started" and neither process lives, the job wa
 (``kill -9``, the kernel's OOM killer) before it could write a result: nothing will ever write
 one, and waiting on is waiting for nothing.
 
+A wait whose first look comes after the job's processes are already gone (ansible-core issue
+87387: ``async_wrapper`` loses its worker within seconds on a controller loaded to its limit,
+and on such a controller the wait's task may start later than that) never sees one of them:
+:meth:`JobWatch.unseen` then says so, and :func:`unseen_and_never_began` calls the job lost
+once its command has still not begun :data:`UNSEEN_GRACE` seconds after "started".
+
 Plain Python: importable without Ansible.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, List, Optional
 
 from .. import procs
 
 WRAPPER = "async_wrapper"
+#: seconds after "started" that a job none of whose processes was ever seen may take to begin its
+#: command (the supervisor's first write of its log) before it is called lost; a module starts in
+#: a second or two, on a controller loaded to its limit in well under this
+UNSEEN_GRACE = 30.0
 
 
 def read_results(path: str) -> Optional[Dict[str, Any]]:
@@ -89,6 +100,13 @@ class JobWatch:
             return True
         return False if self.seen else None
 
+    def unseen(self) -> bool:
+        """True when this machine's processes can be read and none of the job's was ever seen
+        (every look found none): the job was gone before the first look, or its command line
+        reads otherwise (then its command writes its log, and :func:`unseen_and_never_began`
+        stays False)."""
+        return procs.available() and not self.seen
+
 
 def never_began(results_file: str, log: str) -> bool:
     """True when the job's command never wrote ``log`` (its own output file, which it truncates when
@@ -107,6 +125,20 @@ def never_began(results_file: str, log: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def unseen_and_never_began(results_file: str, log: str, grace: float = UNSEEN_GRACE,
+                           now: Optional[float] = None) -> bool:
+    """For a job none of whose processes a wait ever saw (:meth:`JobWatch.unseen`): True when
+    its command has still not begun (:func:`never_began`: ``log`` not written since "started")
+    ``grace`` seconds after ``async_wrapper`` wrote "started". Never True without a ``log``."""
+    if not log or not never_began(results_file, log):
+        return False
+    try:
+        started = os.stat(results_file).st_mtime
+    except OSError:
+        return False
+    return (time.time() if now is None else now) - started >= grace
 
 
 def gone_message(label: str, job_id: str, results_file: str, data: Optional[Dict[str, Any]],
