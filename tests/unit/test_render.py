@@ -461,6 +461,7 @@ def test_check_mode_writes_nothing(tmp_path: Any) -> None:
     assert rt.tree_hash(str(tmp_path)) == before
     assert all(r["changed"] and r["added"] for r in res["roots"])
     assert any(d["after_header"].endswith("user-data-test2.sh.tftpl") for d in res["diff"])
+    assert not any(d["after_header"].endswith(MANIFEST) for d in res["diff"])  # bookkeeping beside new files
 
 
 def test_check_mode_of_a_dry_run_shows_the_following_roots_it_would_prepare(tmp_path: Any) -> None:

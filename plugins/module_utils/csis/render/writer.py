@@ -92,7 +92,7 @@ def compare(directory: str, files: Mapping[str, str], want_diff: bool) -> EmitRe
                                  "before": _read(os.path.join(directory, n)) or "", "after": ""})
     if not os.path.isdir(directory) or not os.path.exists(os.path.join(directory, MANIFEST)):
         res.changed = True
-        if want_diff:  # the one file written where every other one is already as rendered: shown too
+        if want_diff and not (res.added or res.modified or res.removed):  # the one file written there
             path = os.path.join(directory, MANIFEST)
             res.diff.append({"before_header": path, "after_header": path, "before": "", "after": manifest_text(files)})
     res.changed = res.changed or bool(res.added or res.removed or res.modified)
