@@ -20,8 +20,9 @@ and releases the state lock) and waits for terraform to exit. terraform also get
 if the supervisor itself dies (Linux PR_SET_PDEATHSIG). It never sends a second SIGINT
 (that makes terraform exit at once, without saving the state).
 
-The launcher (``csis-tf-supervise``, a shell script) runs ``version`` and ``output`` with
-terraform directly (they read and hold no lock: nothing to stop), and on the role's apply task
+The launcher (``csis-tf-supervise``, a shell script) runs ``version`` and ``output`` without
+this supervisor (they read and hold no lock: nothing to stop; ``output`` through
+``csis_tf_outputs.py``, which masks sensitive values in ``output -json``), and on the role's apply task
 (``CSIS_TF_VALIDATED_BY_PLAN=1``) answers ``validate`` and, in the ``default`` workspace,
 ``workspace list`` itself (its comments say why each answer is true). Everything else, the plan
 and the apply above all, runs under this supervisor.
