@@ -98,6 +98,16 @@ options:
     type: list
     elements: str
     version_added: 0.2.0
+  preview_upgrades:
+    description:
+      - Check mode only - the pending replacement markers M(csis.infra.csis_upgrade) would leave (instance name to
+        its RV(csis.infra.csis_upgrade#module:pending)), rendered as if meta-state held them, so that
+        C(playbooks/upgrade_instance.yml --check) shows the replacement it asks for (the module call's AMI, the next
+        hostname, the C(-replace) a real run would plan) while nothing was written.
+      - Refused outside check mode - a real run plans a replacement only for a marker meta-state holds.
+      - A marker of an instance meta-state does not record as launched is refused, as the marker itself would be.
+    type: dict
+    version_added: 0.2.0
   cascade:
     description:
       - One phase of an environment's cascade destroy, as C(playbooks/destroy_environment.yml) passes it
@@ -347,12 +357,15 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.render.writer impo
 
 
 def _run(module, p):
+    if p["preview_upgrades"] and not module.check_mode:
+        module.fail_json(msg="preview_upgrades previews markers csis_upgrade did not write: check mode only (a real run "
+                             "replaces an instance only for a marker meta-state holds)")
     try:
         out = render(p["config_root"], p["lifecycle"], dry_run=p["dry_run"], only_runtime=p["only_runtime"],
                      apply_runtime=p["apply_runtime"], overlays=p["overlays"], undeclare=p["undeclare"],
                      check_mode=module.check_mode, want_diff=module._diff, prepare=p["prepare"], workers=p["workers"],
                      series_heads=p["series_heads"], cascade=p["cascade"], prepare_ahead=p["prepare_ahead"],
-                     only_roots=p["only_roots"])
+                     only_roots=p["only_roots"], preview_upgrades=p["preview_upgrades"])
     except ConfigError as exc:
         fail_from(module, exc, msg=problems_message(exc, p["config_root"], "; nothing was written"))
     except CsisError as exc:
@@ -379,6 +392,7 @@ RUN = ModuleRun(_run, argument_spec(
     series_heads=dict(type="dict", default={}),
     cascade=dict(type="dict"),
     only_roots=dict(type="list", elements="str"),
+    preview_upgrades=dict(type="dict"),
 ), requires=("PyYAML", "pydantic"), options=dict(supports_check_mode=True))
 
 

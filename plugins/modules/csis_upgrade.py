@@ -43,7 +43,12 @@ options:
     type: str
 attributes:
   check_mode:
-    support: none
+    support: full
+    details:
+      - Reads meta-state and returns the marker it would leave (or remove); takes no lock and writes nothing.
+      - C(playbooks/upgrade_instance.yml --check) hands that marker to the render (M(csis.infra.csis_render)'s
+        O(csis.infra.csis_render#module:preview_upgrades)), so the instance-image lifecycle's check run shows
+        the replacement.
 """
 
 EXAMPLES = r"""
@@ -63,9 +68,32 @@ EXAMPLES = r"""
 
 RETURN = r"""
 pending:
-  description: The marker recorded (V(present)), or removed (V(absent); null when there was none).
+  description:
+    - The marker recorded (V(present)), or removed (V(absent); null when there was none).
+    - In check mode, the marker a real run would record or remove.
   returned: success
   type: dict
+  contains:
+    to:
+      description: The build asked for (null - the image's series head at the next run).
+      type: str
+    from:
+      description: The build the instance was pinned to when the marker was left.
+      type: str
+    run:
+      description: The run that left the marker.
+      type: str
+    at:
+      description: When it was left (UTC, ISO 8601).
+      type: str
+    requested_by:
+      description: Who asked.
+      type: str
+written:
+  description: The meta-state files written (none in check mode, or when nothing changed).
+  returned: success
+  type: list
+  elements: str
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec
@@ -76,9 +104,11 @@ def _mark(module, p):
     if p["to"] and not (p["to"].startswith("ami-") and p["to"][4:].isalnum()):
         module.fail_json(msg="to %r is not an AMI id" % p["to"])
     if p["state"] == "absent":
-        out = cancel_upgrade(p["config_root"], p["instance"], p["run_id"], requested_by=p["requested_by"])
+        out = cancel_upgrade(p["config_root"], p["instance"], p["run_id"], requested_by=p["requested_by"],
+                             check=module.check_mode)
     else:
-        out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"])
+        out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"],
+                           check=module.check_mode)
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 
@@ -88,7 +118,7 @@ RUN = ModuleRun(
                   to=dict(type="str"),
                   run_id=dict(type="str", required=True), requested_by=dict(type="str")),
     requires=("PyYAML",),
-    options=dict(supports_check_mode=False),
+    options=dict(supports_check_mode=True),
 )
 
 

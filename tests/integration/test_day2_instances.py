@@ -11,7 +11,8 @@ ansible-playbook), on one tree applied once by the fixture; the tests run in ord
 * follow: a newer AMI matching the image's name pattern makes the next run replace the
   ``follow`` instance (``-replace``, its volume attachment whitelisted), move its pin and
   advance its hostname generation; the ``pinned`` instance stays;
-* an explicit upgrade (``playbooks/upgrade_instance.yml -e instance=<name>``) does the same;
+* an explicit upgrade (``playbooks/upgrade_instance.yml -e instance=<name>``) does the same; its
+  ``--check --diff`` before it writes nothing and shows the replacement;
 * detach: refused by the gate without an unmount receipt (``DETACH NOT UNMOUNTED``), admitted
   with the unmount step. The unmount goes over SSM to moto, whose ``send_command`` answers
   ``Success`` without running anything: this proves the session path and the receipt, not
@@ -230,6 +231,18 @@ def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
 
 def test_an_explicit_upgrade_replaces_a_pinned_instance(tree):
     old = current(tree, "test")["instance_id"]
+    # --check --diff first: no marker written, nothing else changed, and the render shows the
+    # replacement the marker asks for (the head's AMI, the next hostname, the -replace of a real run)
+    before = meta_bytes(tree.root)
+    res = tree.play("upgrade_instance.yml", instance="test", args=("--check", "--diff"))
+    assert res.returncode == 0, tail(res)
+    out = text(res)
+    assert "test: check mode: the marker is not written; the lifecycle below renders as if it were" in out, tail(res)
+    assert "instance-image-open-tofu: check mode: rendered in memory only" in out
+    assert "a real run would plan -replace=module.instance_test.aws_instance.this" in out, tail(res)
+    assert '+ ami_id = "%s"' % tree.amis["basic2"] in out and "test-002" in out, tail(res)
+    assert meta_bytes(tree.root) == before
+    assert current(tree, "test")["instance_id"] == old
     res = tree.play("upgrade_instance.yml", instance="test")
     assert res.returncode == 0, tail(res)
     assert "replacing module.instance_test.aws_instance.this" in text(res)

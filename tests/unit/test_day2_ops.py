@@ -205,6 +205,44 @@ def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path
         record.mark_upgrade(root, "nope", "r1")
 
 
+def _meta_files(root):
+    """Every file under meta-state/ with its bytes (a lock or a temporary file would show too)."""
+    out = {}
+    for d, _dirs, files in os.walk(os.path.join(root, "meta-state")):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(d, f), root)] = fh.read()
+    return out
+
+
+def test_check_mode_returns_the_marker_a_real_call_would_leave_and_writes_nothing(tmp_path):
+    """csis_upgrade in check mode (upgrade_instance.yml --check): the same refusals and the same
+    answer as a real call, no lock taken, not a byte written."""
+    root = str(tmp_path)
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": {"launched": True, "ephemeral": False},
+                                                          "eph": {"launched": True, "ephemeral": True}}})
+    write_meta(root, "pins.yaml", {"instances": {"test2": "ami-1"}, "pending_replacements": {}, "upgrades": []})
+    before = _meta_files(root)
+    out = record.mark_upgrade(root, "test2", "r1", to="ami-2", requested_by="bob", check=True)
+    assert out["changed"] is True and out["written"] == []
+    assert {k: out["pending"][k] for k in ("to", "from", "run", "requested_by")} == {
+        "to": "ami-2", "from": "ami-1", "run": "r1", "requested_by": "bob"}
+    with pytest.raises(record.RecordError, match="ephemeral"):
+        record.mark_upgrade(root, "eph", "r1", check=True)
+    with pytest.raises(record.RecordError, match="not launched"):
+        record.mark_upgrade(root, "nope", "r1", check=True)
+    assert record.cancel_upgrade(root, "test2", "r1", check=True) == {"changed": False, "pending": None, "written": []}
+    assert _meta_files(root) == before
+    # with the marker there: asking the same again changes nothing, a cancel would remove it
+    real = record.mark_upgrade(root, "test2", "r1", to="ami-2", requested_by="bob")["pending"]
+    before = _meta_files(root)
+    assert record.mark_upgrade(root, "test2", "r2", to="ami-2", check=True) == {"changed": False, "pending": real,
+                                                                                "written": []}
+    assert record.mark_upgrade(root, "test2", "r2", to="ami-3", check=True)["changed"] is True
+    assert record.cancel_upgrade(root, "test2", "r2", check=True) == {"changed": True, "pending": real, "written": []}
+    assert _meta_files(root) == before
+
+
 def test_an_upgrade_marker_can_be_cancelled_before_a_run_applied_it(tmp_path):
     """upgrade_instance.yml -e cancel=true: the marker goes, the change log says so, the pin stays."""
     root = str(tmp_path)

@@ -231,3 +231,44 @@ def test_a_series_head_lookup_that_cannot_reach_ec2_names_the_images_and_the_way
         "image's series or awaits an upgrade, so the render names its newest AMI; -e csis_resolve_series_heads=false "
         "renders without looking): " % RT), module.failed
     assert "127.0.0.1:%d" % port in module.failed["msg"], module.failed
+
+
+def _files_under(root):
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def test_check_mode_renders_a_previewed_upgrade_marker_and_writes_nothing(tree):
+    """upgrade_instance.yml --check: csis_upgrade writes no marker, so the render gets the marker it
+    would leave (preview_upgrades) and shows the replacement; the tree is left as it was."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.pipeline import render
+
+    heads = {"imgfile-basic@%s" % RT: {"ami_id": HEAD}}
+    before = _files_under(tree)
+    plain = render(tree, ["instance-image"], check_mode=True, want_diff=True, series_heads=heads)
+    assert plain["roots"][0]["replace"] == []
+    out = render(tree, ["instance-image"], check_mode=True, want_diff=True, series_heads=heads,
+                 preview_upgrades={"test": {"to": None, "from": PIN1, "run": "r2"}})
+    (root,) = out["roots"]
+    assert root["replace"] == ["module.instance_test.aws_instance.this"]
+    assert "module.instance_test.aws_instance.this" in root["allow_destroy"]
+    assert any("-replace=module.instance_test.aws_instance.this" in c for c in root["deferred"])
+    assert root["instances"]["test"]["replacing"] == "upgrade"
+    assert root["instances"]["test"]["launch_params"]["hostname"] == "test-002"
+    shown = "".join(d.get("after", "") for d in out["diff"])
+    assert 'ami_id = "%s"' % HEAD in " ".join(shown.split())
+    assert _files_under(tree) == before
+    # refused as csis_upgrade refuses the marker itself, every problem at once
+    with pytest.raises(ConfigError) as err:
+        render(tree, ["instance-image"], check_mode=True, series_heads=heads,
+               preview_upgrades={"nope": {"to": None}, "test2": {"to": "ami-../x"}})
+    text = str(err.value)
+    assert "preview_upgrades: nope: instance 'nope' is not launched" in text
+    assert "preview_upgrades: test2.to: 'ami-../x' is not an AMI id" in text
+    assert _files_under(tree) == before

@@ -58,6 +58,35 @@ def _following_roots(tree: Any, meta: Dict[str, Any], lifecycles: Sequence[str],
     return out
 
 
+def preview(meta: Dict[str, Any], markers: Mapping[str, Any]) -> List[Problem]:
+    """Put ``markers`` (instance -> pending replacement marker, check mode's preview of
+    csis_upgrade) into this render's read of ``meta-state/pins.yaml``; each is refused as
+    :func:`..state.record.mark_upgrade` would refuse it (an instance not launched, or ephemeral)."""
+    where = "preview_upgrades"
+    problems: List[Problem] = []
+    launched = (meta.get("launch-params.yaml") or {}).get("instances") or {}
+    pins = meta.get("pins.yaml")
+    if not isinstance(pins, dict):
+        pins = meta["pins.yaml"] = {"instances": {}, "pending_replacements": {}, "upgrades": []}
+    pending = pins.setdefault("pending_replacements", {})
+    for name, marker in sorted(markers.items()):
+        rec = launched.get(name)
+        to = marker.get("to") if isinstance(marker, Mapping) else None
+        if not isinstance(marker, Mapping):
+            problems.append(Problem(where, name, "a marker is a mapping (csis_upgrade's pending), got %s"
+                                    % type(marker).__name__))
+        elif to is not None and not (isinstance(to, str) and to.startswith("ami-") and to[4:].isalnum()):
+            problems.append(Problem(where, "%s.to" % name, "%r is not an AMI id" % (to,)))
+        elif not isinstance(rec, Mapping) or not rec.get("launched"):
+            problems.append(Problem(where, name, "instance '%s' is not launched "
+                                    "(meta-state/launch-params.yaml): nothing to upgrade" % name))
+        elif rec.get("ephemeral"):
+            problems.append(Problem(where, name, "instance '%s' is ephemeral: nothing to upgrade" % name))
+        else:
+            pending[name] = dict(marker)
+    return problems
+
+
 @_os_errors_named
 def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, only_runtime: Optional[str] = None,
            apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
@@ -65,7 +94,8 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
            extra_env: Optional[Mapping[str, str]] = None,
            series_heads: Optional[Mapping[str, Any]] = None,
            cascade: Optional[Mapping[str, Any]] = None, prepare_ahead: bool = False,
-           only_roots: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+           only_roots: Optional[Iterable[str]] = None,
+           preview_upgrades: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Validate, plan, write and prepare the roots. Raises ConfigError / EmitError.
 
     ``only_roots`` (root keys, ``<lifecycle>-<builder>``): write and prepare only these roots of
@@ -79,6 +109,10 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
     ``optional``), so those lifecycles' own dry runs find them stamped and validate nothing. A
     following root that cannot be rendered or validated is left to its own lifecycle's run, which
     reports it: it never fails this one.
+
+    ``preview_upgrades`` (check mode: the module refuses it in a real run): pending replacement
+    markers (instance -> marker, as :func:`..state.record.mark_upgrade` returns it) rendered as if
+    meta-state held them, validated as meta-state's own are.
 
     ``cascade``: one phase of an environment's cascade destroy (render/cascade.py:
     ``environment``, ``phase``, ``ebs``, ``approved``), run over the declaration that phase
@@ -95,8 +129,12 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         scope["runtimes"], scope["identity"], problems = cascade_lib.apply_phase(tree, meta, cascade)
         return problems
 
+    def adjust(tree: Any, meta: Dict[str, Any]) -> List[Problem]:
+        problems = preview(meta, preview_upgrades) if preview_upgrades else []
+        return problems + (phase(tree, meta) if cascade and not problems else [])
+
     tree, meta = load_and_validate(config_root, overlays=overlays, undeclare=undeclare,
-                                   adjust=phase if cascade else None)
+                                   adjust=adjust if cascade or preview_upgrades else None)
     for name in (only_runtime, apply_runtime):
         if name and tree.runtime(name) is None:
             raise ConfigError([Problem("", "", "runtime '%s' (only_runtime/apply_runtime) is not declared in cfg/runtime-builders.yml" % name)])

@@ -517,27 +517,47 @@ def last_verification(meta: Mapping[str, Any], instance: str) -> Optional[Dict[s
     return None
 
 
+def _upgradable(instance: str, launch: Any) -> None:
+    """Refuse an upgrade of an instance that is not launched, or is ephemeral."""
+    if not isinstance(launch, dict) or not launch.get("launched"):
+        raise RecordError("instance '%s' is not launched (meta-state/launch-params.yaml): nothing to upgrade; "
+                          "a new instance launches on the series head by itself" % instance)
+    if launch.get("ephemeral"):
+        raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
+
+
+def _same_marker(old: Any, entry: Mapping[str, Any]) -> bool:
+    """A marker already there asks the same (``to`` and ``from`` equal): leaving it again changes nothing."""
+    return isinstance(old, dict) and all(old.get(k) == entry[k] for k in ("to", "from"))
+
+
 def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = None,
-                 requested_by: Optional[str] = None) -> Dict[str, Any]:
+                 requested_by: Optional[str] = None, check: bool = False) -> Dict[str, Any]:
     """Leave a pending replacement marker for a launched durable instance (``upgrade instance``).
 
     The next instance-image run plans ``-replace`` for it, whitelists its instance and volume
     attachments, and the record after the apply moves the pin and clears the marker.
+
+    ``check``: read only (no lock, nothing written); ``pending`` is the marker a real call would
+    leave (check mode: the render previews the replacement with it, csis_render's ``preview_upgrades``).
     """
     ms = MetaState(config_root)
+    if check:
+        _upgradable(instance, ms.load_record("launch-params.yaml", instance))
+        entry = {"to": to, "from": ms.load_record("pins.yaml", instance), "run": run, "at": now(),
+                 "requested_by": requested_by or requester()}
+        old = ms.load("pins.yaml")["pending_replacements"].get(instance)
+        if _same_marker(old, entry):
+            return {"changed": False, "pending": old, "written": []}
+        return {"changed": True, "pending": entry, "written": []}
     with ms.transaction("csis upgrade %s" % instance) as txn:
-        rec = txn.load_record("launch-params.yaml", instance)
-        if not isinstance(rec, dict) or not rec.get("launched"):
-            raise RecordError("instance '%s' is not launched (meta-state/launch-params.yaml): nothing to upgrade; "
-                              "a new instance launches on the series head by itself" % instance)
-        if rec.get("ephemeral"):
-            raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
+        _upgradable(instance, txn.load_record("launch-params.yaml", instance))
         pins = txn.load_rest("pins.yaml")
         pending = pins["pending_replacements"]
         entry = {"to": to, "from": txn.load_record("pins.yaml", instance), "run": run, "at": now(),
                  "requested_by": requested_by or requester()}
         old = pending.get(instance)
-        if isinstance(old, dict) and {k: old.get(k) for k in ("to", "from")} == {k: entry[k] for k in ("to", "from")}:
+        if _same_marker(old, entry):
             return {"changed": False, "pending": old, "written": []}
         pending[instance] = entry
         pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": entry["from"], "to": to,
@@ -547,10 +567,15 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
     return {"changed": True, "pending": entry, "written": list(txn.written)}
 
 
-def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Optional[str] = None) -> Dict[str, Any]:
+def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Optional[str] = None,
+                   check: bool = False) -> Dict[str, Any]:
     """Remove the pending replacement marker of ``instance`` (:func:`mark_upgrade`) before a run
-    applied it; ``pending`` is the marker removed (None: there was none, nothing changes)."""
+    applied it; ``pending`` is the marker removed (None: there was none, nothing changes).
+    ``check``: read only; ``pending`` is the marker a real call would remove."""
     ms = MetaState(config_root)
+    if check:
+        old = ms.load("pins.yaml")["pending_replacements"].get(instance)
+        return {"changed": old is not None, "pending": old, "written": []}
     with ms.transaction("csis upgrade cancelled %s" % instance) as txn:
         pins = txn.load_rest("pins.yaml")
         old = pins["pending_replacements"].pop(instance, None)
