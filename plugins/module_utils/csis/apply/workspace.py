@@ -137,11 +137,11 @@ def split_credentials(url: str, environ: Optional[Mapping[str, str]] = None) -> 
     }
 
 
-def _remote(args: Sequence[str], cwd: str, url: str) -> subprocess.CompletedProcess:
-    """``git <args> -- <url> <refspec>`` (``args`` ends with the refspec; the URL goes before
-    it), the URL's credentials given through the environment (:func:`split_credentials`)."""
+def _remote(args: Sequence[str], refspec: str, cwd: str, url: str) -> subprocess.CompletedProcess:
+    """``git <args> -- <url> <refspec>``, the URL's credentials given through the environment
+    (:func:`split_credentials`), never on the command line."""
     bare, env = split_credentials(url)
-    return _git(list(args[:-1]) + ["--", bare, args[-1]], cwd, env=env)
+    return _git(list(args) + ["--", bare, refspec], cwd, env=env)
 
 
 def _git(args: Sequence[str], cwd: str, *, env: Optional[Mapping[str, str]] = None, data: Optional[bytes] = None,
@@ -184,7 +184,7 @@ def _clone(config_root: str, root: str, url: str) -> str:
     if not os.path.isdir(os.path.join(clone, ".git")):
         os.makedirs(clone, exist_ok=True)
         _git(["init", "-q", clone], os.path.dirname(clone))
-    _remote(["fetch", "-q", "--prune", "--no-tags", "+refs/heads/*:" + _REMOTE_REFS + "*"], clone, url)
+    _remote(["fetch", "-q", "--prune", "--no-tags"], "+refs/heads/*:" + _REMOTE_REFS + "*", clone, url)
     return clone
 
 
@@ -295,7 +295,7 @@ def commit_root(config_root: str, repo: str, *, root: str, lifecycle: str, build
     parents = ["-p", base] if base else []
     commit = _out(_author_config(clone) + ["commit-tree", tree] + parents + ["-F", "-"], clone,
                   data=commit_message(summary, root, plan_digest, run_id, digest, requester()).encode("utf-8"))
-    _remote(["push", "-q", "%s:refs/heads/%s" % (commit, branch)], clone, url)
+    _remote(["push", "-q"], "%s:refs/heads/%s" % (commit, branch), clone, url)
     _git(["update-ref", _REMOTE_REFS + branch, commit], clone)
     out.update(commit=commit, pushed=True, message="%s: committed %s to branch %s of %s (%s) and pushed it"
                % (root, prefix + "/", branch, mask_url(url), subject))
