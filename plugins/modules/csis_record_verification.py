@@ -69,7 +69,7 @@ options:
     default: false
 attributes:
   check_mode:
-    details: Reads EC2; records nothing.
+    details: Reads EC2; records nothing, and reports C(changed) when O(record) is set (a real run appends the verdict).
 """
 
 EXAMPLES = r"""
@@ -140,7 +140,9 @@ def _verify(module, p):
     message = "" if verdict["ok"] else failure_message(verdict)
     if p["fail_on_failure"] and not verdict["ok"]:
         module.fail_json(msg=message, verdict=verdict, ok=False, message=message, written=written)
-    return dict(changed=bool(written), verdict=verdict, ok=verdict["ok"], message=message, written=written)
+    # a real run with record appends the verdict every time: check mode says it would
+    changed = bool(written) or (p["record"] and module.check_mode)
+    return dict(changed=changed, verdict=verdict, ok=verdict["ok"], message=message, written=written)
 
 
 RUN = ModuleRun(

@@ -50,7 +50,10 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Takes no lock and writes nothing; reports the holder when another run holds the tree.
+    details:
+      - Takes no lock and writes nothing, and does not wait.
+      - When another run holds the tree it returns that run as RV(holder) and warns (a real run would wait O(timeout)
+        seconds for it, then fail naming it), so a check run never reads a tree another run is changing unsaid.
 """
 
 EXAMPLES = r"""
@@ -102,10 +105,11 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlo
 
 def _run(module, p):
     try:
-        if module.check_mode:
-            objects = runlock.open_objects(p["config_root"])
-            return dict(changed=False, where=objects.label(runlock.RUN_LOCK_NAME), holder=runlock.holder(objects),
-                        controller=runlock.controller_info())
+        if module.check_mode:  # nothing taken; another run holding the tree is said, as a real run would wait for it
+            seen = runlock.peek(p["config_root"], timeout=max(0.0, p["timeout"]))
+            for notice in seen.pop("notices"):
+                module.warn(notice)
+            return dict(changed=False, **seen)
         res = runlock.acquire(p["config_root"], timeout=max(0.0, p["timeout"]), what=p["what"], csis_run_id=p["run_id"])
     except runlock.RunLockBusy as exc:
         fail_from(module, exc)

@@ -441,6 +441,9 @@ def test_a_deleted_volume_is_missing_hard_and_stops_the_next_run_until_corrected
     assert "mnt_data" not in drift.meta("storage-state.yaml")["storages"]
     assert "mnt_data" not in drift.meta("storage.yaml")["storages"]
     assert drift.report()["drift"] == []
+    # forgetting it again changes nothing (an AWX job's retry; with a state query between: tests/unit/test_stateops.py)
+    res = drift.play("forget.yml", forget_storage="mnt_data")
+    assert res.returncode == 0 and "already forgotten (revision " in text(res), res.stdout[-3000:]
 
     # the record is corrected: a real run starts again (apply flags off: plan and gate only)
     res = drift.play("identity.yml", csis_dry_run=False)

@@ -9,6 +9,7 @@ is covered by the ephemeral tests against moto and switched off here.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -55,8 +56,8 @@ def _machine(fs: str) -> None:
         fh.write("/dev/nvme1n1 /mnt/data xfs rw,relatime 0 0\n")
 
 
-def _run(root: str, inventory: str, fs: str) -> subprocess.CompletedProcess:
-    argv = [os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", inventory,
+def _run(root: str, inventory: str, fs: str, *extra: str) -> subprocess.CompletedProcess:
+    argv = [os.path.join(REPO, ".venv", "bin", "ansible-playbook"), "-i", inventory, *extra,
             os.path.join(REPO, "playbooks", "verify_instance.yml"),
             "-e", "csis_config_root=%s" % root, "-e", "ansible_connection=local",
             "-e", "ansible_python_interpreter=%s" % VENV_PY, "-e", "csis_verify_fs_root=%s" % fs,
@@ -75,14 +76,22 @@ def test_verify_durable_instance_through_the_inventory(tmp_path):
     fs = str(tmp_path / "machine")
     _machine(fs)
 
-    ok = _run(root, inventory, fs)
+    ok = _run(root, inventory, fs, "--diff")
     assert ok.returncode == 0, ok.stdout[-4000:] + ok.stderr[-2000:]
+    # the in-memory render is no change of this run, and its files are no diff of a verification
+    assert re.search(r"^localhost\s+: ok=\d+\s+changed=0 ", ok.stdout, re.M), ok.stdout[-3000:]
+    assert "instance-generation" not in ok.stdout, ok.stdout[-6000:]
     verdicts = MetaState(root).load("verifications.yaml")["verifications"]
     assert [v["instance"] for v in verdicts] == ["test2"] and verdicts[-1]["ok"] is True
     names = {c["name"] for c in verdicts[-1]["checks"]}
     assert any("marker" in n or "startup" in n for n in names), names
     # nothing but the verdict was written: the render ran in check mode
     assert not os.path.exists(os.path.join(root, "generated"))
+    # --check: the same checks, no verdict appended, and the record step says a real run would append one
+    check = _run(root, inventory, fs, "--check")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-2000:]
+    assert re.search(r"^test2\s+: ok=\d+\s+changed=1 ", check.stdout, re.M), check.stdout[-3000:]
+    assert len(MetaState(root).load("verifications.yaml")["verifications"]) == 1
 
     # the launch script did not finish (no marker): the host fails and the verdict says why
     os.unlink(os.path.join(fs, "var/lib/csis/launch-applied"))

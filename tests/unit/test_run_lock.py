@@ -66,6 +66,16 @@ def test_one_run_at_a_time_and_the_lock_ends_with_its_run(tmp_path: Any) -> None
         # the same run again (site.yml's next lifecycle): re-entered, nothing new
         assert runlock.acquire(root, timeout=0, ctl=ctl1)["reentered"] is True
 
+        # check mode (peek): nothing taken, no wait; another run's lock is named with what a real run would do
+        t0 = time.monotonic()
+        seen = runlock.peek(root, timeout=90, ctl=ctl2)
+        assert time.monotonic() - t0 < 5 and seen["holder"]["pid"] == first.pid
+        (notice,) = seen["notices"]
+        assert notice.startswith("meta-state/.run.lock: check mode: this tree is held by pid %d" % first.pid), notice
+        assert "a real run would wait up to 90 s for it (csis_run_lock_timeout), then fail naming it" in notice
+        assert runlock.peek(root, ctl=ctl1) == {"where": "meta-state/.run.lock", "holder": None, "notices": [],
+                                                "controller": runlock._public(ctl1)}
+
         # another run: waits, then one line naming the holder
         t0 = time.monotonic()
         with pytest.raises(runlock.RunLockBusy) as err:

@@ -90,6 +90,28 @@ def test_forget_storage_refuses_while_it_exists_or_cannot_be_checked(root):
         so.forget_storage(root, "mnt_dat", factory=present)
 
 
+def test_forget_storage_again_after_the_state_query_that_follows_it(root):
+    """forget.yml forgets, then queries the state, which drops the storage's HARD line from
+    drift.yaml: an audit record about the storage, but no change of its record. The same forget.yml
+    again (an AWX retry) changes nothing and says so, as it does without the query between."""
+    hard = {"kind": "storage", "name": "mnt_data", "drift": "missing", "detail": "volume vol-0aaaaaaaaaaaaaaaa is gone"}
+    with MetaState(root).transaction("csis_state_query r0") as txn:
+        txn.save("drift.yaml", {"hard": [hard], "run": "r0", "time": "2026-12-06T14:00:00Z"})
+    gone = fake(describe_volumes={"Volumes": []})
+    so.forget_storage(root, "mnt_data", run="r1", factory=gone, force=True)
+    with MetaState(root).transaction("csis_state_query r1") as txn:
+        txn.save("drift.yaml", {"hard": [], "run": "r1", "time": "2026-12-06T14:01:00Z"})
+    revision = MetaState(root).revision()
+    again = so.forget_storage(root, "mnt_data", run="r2", factory=gone)
+    assert again["already_forgotten"] is True and again["written"] == [], again
+    assert so.forget_storage(root, "mnt_data", factory=gone, check=True)["already_forgotten"] is True
+    assert MetaState(root).revision() == revision
+    # the history still shows the query's record among the storage's (drift lines count there)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import audit_trail
+    assert [d["what"] for d in audit_trail(MetaState(root), storage="mnt_data")][-2:] == [
+        "csis_forget storage mnt_data", "csis_state_query r1"]
+
+
 def test_forget_a_destroyed_storage_needs_no_word_and_no_lookup(root):
     with MetaState(root).transaction("test") as txn:
         data = txn.load("storage-state.yaml")
@@ -208,6 +230,20 @@ def test_import_into_a_root_rendered_again_since_its_init_installs_the_module_fi
     after = "" if installed else " (after installing its module storage_mnt_data)"
     assert res["terraform"] == "would import vol-0bbbbbbbbbbbbbbbb into the terraform state of %s as " \
         "module.storage_mnt_data.aws_ebs_volume.this%s" % (directory, after)
+
+
+def test_check_mode_of_an_import_into_terraform_alone_reports_the_change(root):
+    """The record already holds the storage (an earlier state import, before its root was
+    initialised): a real run only imports into terraform and reports changed, so check mode
+    reports changed too ("would import"), and writes nothing."""
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
+    _initialised_root(root, installed=("storage_mnt_data",))
+    revision = MetaState(root).revision()
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols)
+    assert res["terraform"].startswith("would import vol-0bbbbbbbbbbbbbbbb ") and res["changed"] is True, res
+    assert res["written"] == [] and MetaState(root).revision() == revision
 
 
 def test_import_leaves_a_root_only_a_dry_run_rendered_to_its_first_run(root):

@@ -152,7 +152,9 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
     tree, meta = _load(config_root, overlays)
     recs = meta["storage-state.yaml"]["storages"]
     if name not in recs:
-        trail = audit_trail(MetaState(tree.root), storage=name)
+        # the last change of its records (not a drift line: forget.yml's state query right after
+        # the forget drops the storage's HARD line, and that is no change of the storage's record)
+        trail = audit_trail(MetaState(tree.root), storage=name, drift=False)
         if trail and trail[-1].get("what") == "csis_forget storage %s" % name:
             return _already("storage", name, "revision %s, %s" % (trail[-1].get("revision"), trail[-1].get("time")))
         raise StateOpError("storage '%s': nothing is recorded for it (recorded storages: %s)"
@@ -355,7 +357,8 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone)
     old = recs.get(name) or {}
     if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
-        result["changed"] = result["terraform"].startswith("imported ")
+        # the record as it is: changed only by the import into terraform (check mode: one that would run)
+        result["changed"] = result["terraform"].startswith(("imported ", "would import "))
         return result
     if check:
         return result

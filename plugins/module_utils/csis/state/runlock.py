@@ -217,6 +217,24 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
             "notices": notices, "controller": _public(ctl), "waited": round(waited, 1)}
 
 
+def peek(config_root: str, timeout: float = DEFAULT_TIMEOUT, ctl: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """What :func:`acquire` would find, taking nothing (check mode): ``{where, holder, notices,
+    controller}``; ``holder`` is another run's description or None (this run's own lock, from an
+    earlier lifecycle of the same run, is none), and then ``notices`` says what a real run would do."""
+    require_tree(config_root)
+    objects = open_objects(config_root)
+    ctl = ctl or controller()
+    where = objects.label(RUN_LOCK_NAME)
+    current = holder(objects)
+    other = None if current is None or _same_run(current, ctl) else current
+    notices = []
+    if other is not None:
+        notices.append("%s: check mode: %s by %s: a real run would wait up to %.0f s for it (%s), then fail naming it; "
+                       "this run reads meta-state as that run leaves it now"
+                       % (where, SUBJECT, holder_text(other), timeout, KNOB))
+    return {"where": where, "holder": other, "notices": notices, "controller": _public(ctl)}
+
+
 def _public(ctl: Dict[str, Any]) -> Dict[str, Any]:
     """The run's process as the roles pass it on (``watch``: ``CSIS_TF_WATCH`` of csis-tf-supervise)."""
     return {"pid": ctl["pid"], "start": ctl["start"], "watch": "%s:%s" % (ctl["pid"], ctl["start"])}

@@ -1688,10 +1688,11 @@ def _restrict(name: str, data: Mapping[str, Any], keys: set) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 def audit_trail(ms: MetaState, instance: Optional[str] = None, storage: Optional[str] = None,
-                root: Optional[str] = None, since: int = 0) -> List[Dict[str, Any]]:
+                root: Optional[str] = None, since: int = 0, drift: bool = True) -> List[Dict[str, Any]]:
     """The audit records (oldest first) of revisions after ``since``; with a filter, only those that
     changed instance ``instance`` / storage ``storage`` (a record of it, or a line of a whole file
-    naming it), or whose ``what`` or ``context`` names root ``root`` (their ``changes`` are kept whole)."""
+    naming it; with ``drift``, also a HARD line of ``drift.yaml`` about it that came or went), or whose
+    ``what`` or ``context`` names root ``root`` (their ``changes`` are kept whole)."""
     out: List[Dict[str, Any]] = []
     for fname in sorted(ms.objects.listing(AUDIT_DIR)):
         try:
@@ -1705,7 +1706,7 @@ def audit_trail(ms: MetaState, instance: Optional[str] = None, storage: Optional
         if raw is None:
             continue
         doc = _audit_doc(ms, rel, raw)
-        if _matches(doc, instance, storage, root):
+        if _matches(doc, instance, storage, root, drift):
             out.append(doc)
     return out
 
@@ -1759,8 +1760,10 @@ _INSTANCE_FILES = ("launch-params.yaml", "instance-state.yaml", "pins.yaml", "ve
 _STORAGE_FILES = ("storage-state.yaml", "storage.yaml")
 
 
-def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str) -> bool:
+def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str, drift: bool = True) -> bool:
     if change.get("file") == "drift.yaml":  # the state query's HARD lines: one about ``name`` came or went
+        if not drift:
+            return False
         kind = "storage" if files == _STORAGE_FILES else "instance"
         return any(isinstance(line, dict) and line.get("kind") == kind and line.get("name") == name
                    for side in (change.get("before"), change.get("after")) if isinstance(side, dict)
@@ -1774,11 +1777,12 @@ def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str) -> bool
     return False
 
 
-def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[str], root: Optional[str]) -> bool:
+def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[str], root: Optional[str],
+             drift: bool = True) -> bool:
     changes = doc.get("changes") or []
-    if instance and not any(_names(c, _INSTANCE_FILES, instance) for c in changes):
+    if instance and not any(_names(c, _INSTANCE_FILES, instance, drift) for c in changes):
         return False
-    if storage and not any(_names(c, _STORAGE_FILES, storage) for c in changes):
+    if storage and not any(_names(c, _STORAGE_FILES, storage, drift) for c in changes):
         return False
     if root:  # the root's own name, never a part of another's (aws-s3 is not aws-s3-logs)
         context = doc.get("context") or {}
