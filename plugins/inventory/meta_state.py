@@ -230,6 +230,12 @@ from ansible.errors import AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 
+try:  # ansible-core 2.19 and later: what an inventory plugin returns is never trusted as a template
+    from ansible.template import trust_as_template  # noqa: F401  pylint: disable=unused-import
+    _unsafe = None
+except ImportError:  # 2.17 and 2.18: a string is a template unless marked unsafe
+    from ansible.utils.unsafe_proxy import wrap_var as _unsafe
+
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import LocalObjects, S3Objects
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (
@@ -409,7 +415,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         its origin) costs about 20 s at 10,000 hosts and changes nothing in what is listed
         (strings stay untrusted, ``ansible-inventory`` shows them as ``__ansible_unsafe``). A
         host that already has one of these variables (another source named the same host) takes
-        the regular path, so the inventory's merge rules apply.
+        the regular path, so the inventory's merge rules apply. On ansible-core 2.17 and 2.18, which
+        trust a plain string as a template, every value is already marked unsafe (:meth:`_populate`).
         """
         entity = self.inventory.get_host(host)
         variables = getattr(entity, "vars", None)
@@ -443,6 +450,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     "(hostnames: %s)" % (seen[host], name, host, ", ".join(self.get_option("hostnames"))))
             seen[host] = name
             hostvars.update(connection(hostvars))
+            if _unsafe is not None:
+                # meta-state strings (a tag, a machine type, anything a writer to the store put there)
+                # must never run as a template: "{{ lookup('pipe', ...) }}" in a tag would run on the
+                # controller when a keyed group, a compose expression or a task reads it
+                hostvars = _unsafe(hostvars)
 
             self.inventory.add_host(host)
             self._set_host_vars(host, hostvars)

@@ -316,6 +316,36 @@ def test_adhoc_ping_reaches_the_hosts(tmp_path, config_root):
     assert "test2 | SUCCESS" in proc.stdout and "10.0.1.17" in proc.stdout and "test3" not in proc.stdout
 
 
+def test_a_template_in_meta_state_never_runs(tmp_path):
+    """A string in meta-state shaped as a template (a tag, or anything a writer to the store put
+    there) stays a string through keyed groups, groups, compose and a task that prints it: it never
+    runs on the controller. (ansible-core 2.17 and 2.18 trust a plain string as a template: the
+    plugin marks every value unsafe there; checked by hand on 2.17.14, see the changelog.)"""
+    marker = tmp_path / "RAN"
+    payload = "{{ lookup('pipe', 'touch %s') }}" % marker
+    root = tmp_path / "config"
+    params = json.loads(json.dumps(LAUNCH_PARAMS))
+    params["instances"]["test2"]["tags"] = {"Owner": payload}
+    params["instances"]["test2"]["machine_type"] = payload
+    with MetaState(str(root)).transaction("test_inventory_plugin") as txn:
+        txn.save("launch-params.yaml", params)
+        txn.save("instance-state.yaml", INSTANCE_STATE)
+    source = write_source(tmp_path, keyed_groups=[{"key": "csis_tags.Owner", "prefix": "owner"}],
+                          groups={"owned": "csis_tags.Owner | length > 0"},
+                          compose={"owner_copy": "csis_tags.Owner", "type_copy": "csis_machine_type"})
+    hv = inventory_list(source)["_meta"]["hostvars"]["test2"]
+    assert hv["owner_copy"] == hv["type_copy"] == payload
+    playbook = tmp_path / "show.yml"
+    playbook.write_text("- hosts: test2\n  gather_facts: false\n  tasks:\n    - ansible.builtin.debug:\n"
+                        "        msg: \"{{ csis_tags.Owner }} {{ csis_machine_type }} {{ owner_copy }}\"\n", encoding="utf-8")
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(source), str(playbook),
+                           "-e", "ansible_connection=local", "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python")],
+                          cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "{{ lookup(" in proc.stdout, proc.stdout  # printed as it is, not run
+    assert not marker.exists()
+
+
 def test_plugin_documentation_renders(tmp_path):
     proc = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "inventory", "--json", "csis.infra.meta_state"],
                           cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=120, check=False)
