@@ -79,10 +79,35 @@ def test_no_recorded_instance_id_or_no_ssm_is_refused(tmp_path):
         unmount.unmount(str(tmp_path), "gone", "s", "/mnt/s", str(tmp_path / "r"), access={"session_mechanism": "ssh"})
 
 
-@pytest.mark.parametrize("mp", ["/mnt/da ta", "relative", "/mnt/../etc", "/", "/mnt/x;rm -rf /"])
+@pytest.mark.parametrize("mp", ["/mnt/da ta", "relative", "/mnt/../etc", "/", "/mnt/x;rm -rf /", "/mnt/data\n",
+                                "/proc\n", "/mnt/./data", "/mnt//data", "/mnt/data/"])
 def test_unsafe_mount_points_are_refused(mp):
     with pytest.raises(unmount.UnmountError):
         unmount.unmount_script(mp)
+
+
+def test_the_unmount_removes_its_own_fstab_line_and_no_other(tmp_path):
+    """The fstab line of the unmounted path goes, matched as a string: '.' and '+' in a mount point
+    are no pattern that takes another mount's line with it (/mnt/data.1 against /mnt/data-1)."""
+    import subprocess
+
+    fstab = tmp_path / "fstab"
+    kept = ["# /etc/fstab", "UUID=1 / ext4 defaults 0 1", "UUID=2 /mnt/data-1 xfs defaults,nofail 0 2",
+            "UUID=3 /mnt/dataX1 xfs defaults,nofail 0 2", "fs-1:/\t/mnt/data.1.old\tefs\t_netdev 0 0",
+            "UUID=5 /mnt/data+1 xfs defaults,nofail 0 2"]
+    lines = kept[:3] + ["UUID=4 /mnt/data.1 xfs defaults,nofail 0 2"] + kept[3:] + ["fs-2:/\t/mnt/data.1\tefs\t_netdev 0 0"]
+    fstab.write_text("\n".join(lines) + "\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, body in (("mountpoint", "exit 1"), ("fuser", "exit 0")):  # not mounted (any more)
+        (bin_ / name).write_text("#!/bin/sh\n%s\n" % body)
+        (bin_ / name).chmod(0o755)
+    script = "\n".join(unmount.unmount_script("/mnt/data.1")).replace("/etc/fstab", str(fstab))
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False,
+                          env=dict(os.environ, PATH="%s:%s" % (bin_, os.environ["PATH"])))
+    assert proc.returncode == 0 and proc.stdout.strip() == "unmounted: /mnt/data.1", proc.stdout + proc.stderr
+    assert fstab.read_text().splitlines() == kept
+    assert not (tmp_path / "fstab.csis-unmount").exists()
 
 
 # --------------------------------------------------------------------------- verify on the machine

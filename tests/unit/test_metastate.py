@@ -215,6 +215,9 @@ def test_corrupt_yaml_names_file_and_line(tmp_path):
      "meta-state/launch-params.yaml: 'instances.a.mounts[0].storage' must be a string, got list"),
     ("launch-params.yaml", "instances: {a: {mounts: [{storage: '../x'}]}}\n",
      "meta-state/launch-params.yaml: 'instances.a.mounts[0].storage' must be a storage name, got '../x'; " + DAMAGED),
+    ("launch-params.yaml", "instances: {a: {mounts: [{storage: data, mount_point: \"/proc\\n\"}]}}\n",
+     "meta-state/launch-params.yaml: 'instances.a.mounts[0].mount_point' must be an absolute path of plain names, "
+     "got '/proc\\n'; " + DAMAGED),
     ("launch-params.yaml", "instances: {a: {tags: [a, b]}}\n",
      "meta-state/launch-params.yaml: 'instances.a.tags' must be a mapping, got list"),
     ("launch-params.yaml", "instances: {a: {alias: \"web\\n[ERROR] x\"}}\n",

@@ -29,13 +29,12 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .. import aws
-from ..config.names import SSH_PATH_RE, SSH_USER_RE
+from ..config.names import SSH_PATH_RE, SSH_USER_RE, mount_point_ok
 from ..errors import CsisError
 from ..state.store import MetaState
 from .receipts import new_receipt, receipt_path, write_receipt
 
 OUTPUT_MAX = 2000
-_MOUNT_POINT = re.compile(r"^/[A-Za-z0-9_.@+/-]*$")
 #: a host name given explicitly (``host=``); a recorded address must be an IP address
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
 #: the settings of ``aws.ssh`` and their defaults (config/models.py ``SshSession``)
@@ -56,7 +55,7 @@ def _q(text: str) -> str:
 
 def unmount_script(mount_point: str, force: bool = False) -> List[str]:
     """The shell lines run on the machine (as root under SSM)."""
-    if not _MOUNT_POINT.match(mount_point or "") or ".." in mount_point or mount_point == "/":
+    if not mount_point_ok(mount_point):
         raise UnmountError("mount point %r is not an absolute path of plain names" % (mount_point,))
     mp = _q(mount_point)
     lines = ["set -u", "MP=%s" % mp, 'if mountpoint -q "$MP"; then', "  sync"]
@@ -68,7 +67,12 @@ def unmount_script(mount_point: str, force: bool = False) -> List[str]:
         '    exit 1',
         "  fi",
         "fi",
-        'sed -i "\\| $MP |d" /etc/fstab',
+        # the line of this mount point alone: its second field compared as a string (a pattern would
+        # read '.' and '+' in /mnt/data.1 as regular expression and take /mnt/data-1's line too)
+        'if awk -v mp="$MP" \'$2 != mp\' /etc/fstab > /etc/fstab.csis-unmount; then',
+        '  cat /etc/fstab.csis-unmount > /etc/fstab',
+        "fi",
+        "rm -f /etc/fstab.csis-unmount",
         'rmdir "$MP" 2>/dev/null || true',
         'if mountpoint -q "$MP"; then echo "still mounted: $MP"; exit 1; fi',
         'echo "unmounted: $MP"',

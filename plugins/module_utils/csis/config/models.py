@@ -50,11 +50,9 @@ except ImportError:  # the classes below still define (inertly); module.require_
 from .flags import parse_apply_flag
 
 # names and the names derived from them (plain Python, shared with the store: names.py)
-from .names import (NAME_RE, SSH_PATH_RE, SSH_USER_RE, archive_snapshot_name,  # noqa: F401 pylint: disable=unused-import
-                    label, legacy_archive_snapshot_name)
+from .names import (MOUNT_POINT_RE, NAME_RE, SSH_PATH_RE, SSH_USER_RE, archive_snapshot_name,  # noqa: F401 pylint: disable=unused-import
+                    label, legacy_archive_snapshot_name, mount_point_ok)
 
-#: Mount points go into the launch script and /etc/fstab.
-MOUNT_POINT_RE = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*\Z")
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]\Z")
 DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])\Z")
@@ -297,7 +295,8 @@ class ConfigFlags(Strict):
         if v is None:
             return v
         if not v or any(c in v for c in '"\n\r$%'):
-            raise ValueError("module_source_base %r: must be a path or module URL without quotes, '$', '%%' or newlines" % v)
+            raise ValueError("module_source_base %s: must be a path or module URL without quotes, '$', '%%' or newlines"
+                             % show(mask_url(v)))
         return v
 
 
@@ -431,7 +430,7 @@ class Endpoints(Strict):
 
 def _check_url(v: str) -> None:
     if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d+)?(/[A-Za-z0-9._~/-]*)?\Z", v):
-        raise ValueError("endpoint %r must be an http(s) URL" % v)
+        raise ValueError("endpoint %s must be an http(s) URL" % show(mask_url(v)))
 
 
 def secret_field(policy: str) -> Any:
@@ -1023,7 +1022,7 @@ class StorageMapping(Strict):
     def _mp(cls, v: str) -> str:
         if not v:
             raise ValueError("mount_point must not be empty")
-        if not MOUNT_POINT_RE.match(v) or "/../" in v + "/" or "/./" in v + "/" or v == "/":
+        if not mount_point_ok(v):
             raise ValueError("mount_point %s must be an absolute path of plain names (letters, digits, '_.@+-'), "
                              "without '..', spaces or quotes" % show(v))
         return v

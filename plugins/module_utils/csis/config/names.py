@@ -19,6 +19,18 @@ SSH_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
 #: optional leading ``~/``; no whitespace, quotes, '%' (ssh's tokens) or leading '-'.
 SSH_PATH_RE = re.compile(r"^(~/)?[A-Za-z0-9_.+@,/][A-Za-z0-9_.+@,/=-]*\Z")
 
+#: A mount point: an absolute path of plain names. It goes into the launch script, /etc/fstab and
+#: the unmount's shell lines, so no whitespace, quote, '$' or newline passes (``\Z``, not ``$``,
+#: which would also match before a final newline).
+MOUNT_POINT_RE = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*\Z")
+
+
+def mount_point_ok(path: object) -> bool:
+    """Whether ``path`` is a mount point csis.infra writes and unmounts: :data:`MOUNT_POINT_RE`,
+    no ``.`` or ``..`` component, not ``/``."""
+    return (isinstance(path, str) and bool(MOUNT_POINT_RE.match(path))
+            and "/../" not in path + "/" and "/./" not in path + "/")
+
 
 def label(name: str) -> str:
     """The terraform label of a name: '-' and '.' become '_' (an HCL identifier)."""

@@ -163,7 +163,7 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 '[ -e "$DEV" ] || csis_fail "device for volume $VOL did not appear (tried ${ebs["%s"].device_name} and $BYID)"' % s,
                 'blkid "$DEV" >/dev/null 2>&1 || mkfs -t xfs "$DEV"',
                 'UUID="$(blkid -s UUID -o value "$DEV")"',
-                "grep -q %s /etc/fstab || echo \"UUID=$UUID %s xfs defaults,nofail 0 2\" >> /etc/fstab" % (_q(" " + mp + " "), mp),
+                "grep -qF %s /etc/fstab || echo \"UUID=$UUID %s xfs defaults,nofail 0 2\" >> /etc/fstab" % (_q(" " + mp + " "), mp),
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
             ]
@@ -179,7 +179,7 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 "mkdir -p %s" % _q(mp),
                 'EFS_ID="${efs["%s"].file_system_id}"' % s,
                 'EFS_AP="${efs["%s"].access_point_id}"' % s,
-                "grep -q %s /etc/fstab || echo \"$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,nofail 0 0\" >> /etc/fstab"
+                "grep -qF %s /etc/fstab || echo \"$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,nofail 0 0\" >> /etc/fstab"
                 % (_q(" " + mp + " "), mp),
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),

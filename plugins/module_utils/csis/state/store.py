@@ -67,7 +67,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from ..config.names import NAME_RE
+from ..config.names import NAME_RE, mount_point_ok
 from ..errors import printable
 from ..fsutil import write_atomic
 from ..yamlio import VALUE_ERRORS, meta_dumper, meta_loader, shape_problem, yaml
@@ -285,6 +285,10 @@ def _validate_launch_params(name: str, instances: Dict[str, Any]) -> None:
                 for key in _MOUNT_STRINGS:
                     if mount.get(key) is not None:
                         _expect_str(name, at + ".%s'" % key, mount[key])
+                # it goes into the unmount's shell lines and /etc/fstab, as validation admits it from the tree
+                if mount.get("mount_point") is not None and not mount_point_ok(mount["mount_point"]):
+                    raise _fail(name, at + ".mount_point'", "must be an absolute path of plain names, got %r; %s"
+                                % (mount["mount_point"], DAMAGED))
                 if mount.get("public_read") is not None and not isinstance(mount["public_read"], bool):
                     raise _fail(name, at + ".public_read'", "must be true or false, got %s" % _kind(mount["public_read"]))
 
