@@ -152,3 +152,10 @@ def test_the_runtime_endpoint_keys():
     p = one(m.RuntimeBuildersFile, {"runtime_builders": [{"name": "rt", "region": "us-east-2",
                                                           "endpoints": {"url": "file:///etc/passwd"}}]})
     assert (p.key, p.message) == ("runtime_builders[0] (rt).endpoints.url", "endpoint 'file:///etc/passwd' must be an http(s) URL")
+    # a URL refused with a token in it is shown without it
+    for url in ("https://bot:tok%2Den@aws.example.org", "https://tok%2Den@aws.example.org"):
+        p = one(m.RuntimeBuildersFile, {"runtime_builders": [{"name": "rt", "region": "us-east-2", "endpoints": {"url": url}}]})
+        assert p.message == "endpoint 'https://***@aws.example.org' must be an http(s) URL" and "tok" not in str(p), p
+    p = one(m.ConfigFile, {"config": {"module_source_base": "git::https://oauth2:glpat%2Dxyz@gitlab.example.org/mods.git"}})
+    assert p.message == ("module_source_base 'git::https://***@gitlab.example.org/mods.git': must be a path or module "
+                         "URL without quotes, '$', '%' or newlines") and "glpat" not in str(p), p

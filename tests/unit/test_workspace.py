@@ -142,8 +142,11 @@ def test_a_token_in_an_http_url_never_reaches_a_command_line_nor_a_credential_st
     assert bare == "https://git.example.org:8443/ws.git" and extra["CSIS_GIT_PASSWORD"] == token
     assert extra["GIT_CONFIG_COUNT"] == "3" and extra["GIT_CONFIG_KEY_2"] == "credential.https://git.example.org:8443.helper"
     assert token not in " ".join(v for k, v in extra.items() if k != "CSIS_GIT_PASSWORD")
-    for plain in ("../ws.git", "git@github.com:org/ws.git", "ssh://tok@h/x", "https://bot@h/ws.git", "https://h/ws.git"):
+    for plain in ("../ws.git", "git@github.com:org/ws.git", "ssh://tok@h/x", "https://h/ws.git"):
         assert ws.split_credentials(plain) == (plain, {})
+    # a user name alone (a token given as the user name): given as the user name, with an empty password
+    bare, extra = ws.split_credentials("https://tok%2Den@h/ws.git")
+    assert bare == "https://h/ws.git" and (extra["CSIS_GIT_USERNAME"], extra["CSIS_GIT_PASSWORD"]) == ("tok-en", "")
     with GitHTTPServer(str(e["tmp"]), "bot", token) as srv:
         url = srv.url("ws.git", "bot:" + quote(token, safe=""))
         res = ws.commit_root(e["tree"], url, project_path=e["proj"], summary=ADD, **WHERE)
@@ -157,6 +160,33 @@ def test_a_token_in_an_http_url_never_reaches_a_command_line_nor_a_credential_st
         assert "wrong" not in str(err.value) and "Authentication failed" in str(err.value), str(err.value)
     methods = [r[0] for r in srv.requests if r[2]]
     assert "POST" in methods and any("git-receive-pack" in r[1] for r in srv.requests if r[2]), srv.requests
+    assert srv.exposed == [] and command_lines_holding(token) == []
+    assert not (home / ".git-credentials").exists()
+    with open(os.path.join(e["tree"], "generated", ".workspace", ROOT, ".git", "config"), encoding="utf-8") as fh:
+        assert token not in fh.read()
+
+
+def test_a_token_given_as_the_user_name_never_reaches_a_command_line(env, monkeypatch):
+    """``https://<token>@host/ws.git`` (the token as the user name, no password): git authenticates
+    as it would with that URL on its command line (the name with an empty password), while no
+    process shows the token (git's ``remote-http`` helper gets the URL as an argument), and the
+    user's credential helper stores nothing."""
+    from git_http import GitHTTPServer, command_lines_holding  # tests/support
+
+    e, token = env, "ghp_UserN4meTok3n%d" % os.getpid()
+    home = e["tmp"] / "home"
+    write(str(home / ".gitconfig"), "[credential]\n\thelper = store\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_CONFIG_COUNT", raising=False)
+    with GitHTTPServer(str(e["tmp"]), token, "") as srv:
+        srv.password = token  # what must appear on no command line
+        url = srv.url("ws.git", token)
+        res = ws.commit_root(e["tree"], url, project_path=e["proj"], summary=ADD, **WHERE)
+        assert res["pushed"] and bare_ref(e, "update_storage-aws-ebs") == res["commit"]
+        assert token not in json.dumps(res)
+        merge_in_clone(e, "update_storage-aws-ebs")
+        assert ws.check_merged(e["tree"], url, project_path=e["proj"], **WHERE)["digest"]
+    assert any(r[2] and "git-receive-pack" in r[1] for r in srv.requests), srv.requests
     assert srv.exposed == [] and command_lines_holding(token) == []
     assert not (home / ".git-credentials").exists()
     with open(os.path.join(e["tree"], "generated", ".workspace", ROOT, ".git", "config"), encoding="utf-8") as fh:

@@ -110,17 +110,21 @@ _HELPER = ('!f() { test "$1" = get || exit 0; printf \'username=%s\\npassword=%s
 
 
 def split_credentials(url: str, environ: Optional[Mapping[str, str]] = None) -> Tuple[str, Dict[str, str]]:
-    """``url`` for git's command line, and the environment that gives git its credentials.
+    """``url`` for git's command line (never a secret), and the environment that gives git its
+    credentials.
 
-    An ``http(s)`` URL with a password or token in it (``https://bot:token@host/ws.git``)
-    becomes the URL without its userinfo, plus ``GIT_CONFIG_*`` variables that (1) empty the
-    list of credential helpers and (2) set, for that scheme and host only, a helper answering
-    with the user name and password (percent-decoded, as git would) from
-    ``CSIS_GIT_USERNAME``/``CSIS_GIT_PASSWORD``. Variables the operator set (``GIT_CONFIG_COUNT``
-    and its keys, from ``environ``) stay, before these. Any other URL (a path, ``ssh://``,
-    ``user@host:path``, ``https://user@host``: a user name, no secret) is returned as it is."""
+    An ``http(s)`` URL with userinfo (``https://bot:token@host/ws.git``, or a user name alone,
+    ``https://<token>@host/ws.git``, a common way to give a token) becomes the URL without it, plus
+    ``GIT_CONFIG_*`` variables that (1) empty the list of credential helpers and (2) set, for that
+    scheme and host only, a helper answering with the user name and password (percent-decoded, as
+    git would; an empty password for a user name alone, which is what git sends for such a URL)
+    from ``CSIS_GIT_USERNAME``/``CSIS_GIT_PASSWORD``. git runs its ``remote-http`` helper with the
+    URL as an argument, so anything left in the URL would be on a command line. Variables the
+    operator set (``GIT_CONFIG_COUNT`` and its keys, from ``environ``) stay, before these. Any other
+    URL (a path, ``ssh://``, ``user@host:path``, an http(s) URL without userinfo, whose credentials
+    the operator's own helpers give) is returned as it is."""
     found = _HTTP_USERINFO.match(url)
-    if not found or ":" not in (found.group("userinfo") or ""):
+    if not found or not found.group("userinfo"):
         return url, {}
     user, _sep, password = found.group("userinfo").partition(":")
     base = "%s://%s" % (found.group("scheme"), found.group("host"))
