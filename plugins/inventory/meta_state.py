@@ -44,7 +44,9 @@ description:
     C(csis_alias), C(csis_group) (owning group), C(csis_mounts) (list of
     C({storage, type, builder, mount_point, group, share_mode, public_read, device})),
     C(csis_ephemeral), C(csis_tags), C(csis_launched_run). Values missing from the
-    records are null."
+    records are null, except C(csis_ephemeral) (false), C(csis_tags) (an empty dict),
+    C(csis_mounts) (an empty list) and C(csis_generations) (zero counters). No value is
+    trusted as a template (marked unsafe on ansible-core 2.17 and 2.18)."
   - "Default groups (see O(default_groups)): C(csis_group_<group>),
     C(csis_runtime_<runtime>), C(csis_image_<image>), and C(csis_ephemeral) or
     C(csis_durable); names are sanitized like constructed groups (invalid characters

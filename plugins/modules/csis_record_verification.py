@@ -100,6 +100,11 @@ skipped:
   description: True when the machine is stopped and nothing was verified or recorded.
   returned: when skipped
   type: bool
+written:
+  description: The meta-state files written (empty when skipped, with O(record=false), and in check mode).
+  returned: success
+  type: list
+  elements: str
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError

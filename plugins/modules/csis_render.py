@@ -207,6 +207,18 @@ roots:
       description: Addresses to plan with C(-replace).
       type: list
       elements: str
+    reads:
+      description:
+        - The roots this root reads the outputs of (its C(data "terraform_remote_state") labels to their root keys);
+          M(csis.infra.csis_plan) names them when one has no state yet.
+      type: dict
+    secrets:
+      description:
+        - The runtime's static credentials, by the terraform variable that carries them (C(TF_VAR_csis_aws_...)) - a
+          C(!vault) value as its ciphertext (C(file), C(key), C(vault)), decrypted on the controller by the steps that
+          need it (the C(secrets) option of the modules that reach AWS); a field the tree may give in clear (the access
+          key id, not a secret) as C(value). Empty for a runtime without static keys.
+      type: dict
     require_unmounted:
       description: C(instance:storage) pairs that need an unmount receipt.
       type: list
