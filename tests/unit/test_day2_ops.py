@@ -213,6 +213,25 @@ def test_verdicts_are_combined_recorded_and_read_back(tmp_path):
     assert unreachable["ok"] is False and unreachable["checks"][0]["name"] == "reach the machine"
 
 
+@pytest.mark.parametrize("on_machine, what", [
+    ({"checks": [{"name": "test: /usr/bin/foo", "ok": "False", "detail": "exit 1"}]}, "checks[0] is not"),
+    ({"checks": [{"name": "x", "ok": "no"}]}, "checks[0] is not"),
+    ({"checks": [{"ok": False}]}, "checks[0] is not"),
+    ({"checks": ["x"]}, "checks[0] is not"),
+    ({"checks": {"name": "x", "ok": True}}, "'checks' is a dict, not a list"),
+    ({"checks": [{"name": "x", "ok": True}], "evidence": "abc"}, "'evidence' is a str, not a list"),
+    (["x"], "a list, not a mapping"),
+])
+def test_an_on_machine_verdict_not_in_its_shape_is_a_failed_check_never_a_pass(on_machine, what):
+    """``ok: "False"`` would read as passed with bool(): a verdict not in csis_verify_instance's shape
+    is recorded as one failed check saying what is wrong (it holds the build's release back)."""
+    v = verify.combine("i", on_machine, {"name": "booted image", "ok": True, "detail": "fine"}, runtime="rt",
+                       build="ami-1", run="r1", ephemeral=False)
+    assert v["ok"] is False and v["evidence"] == []
+    (bad,) = [c for c in v["checks"] if not c["ok"]]
+    assert bad["name"] == "on-machine verdict" and bad["detail"].startswith("not understood: ") and what in bad["detail"]
+
+
 # --------------------------------------------------------------------------- upgrade marker
 def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path):
     root = str(tmp_path)

@@ -251,6 +251,9 @@ def test_receipt_time_floor(tmp_path):
     floor = "2025-01-01T00:00:00Z"
     probs = check_receipts(["web:old", "web:new", "web:notime"], str(d), floor)
     assert [p.split(" ")[3] for p in probs] == ["web:old", "web:notime"]
+    # a floor that does not read checks nothing: every receipt is refused, saying why
+    (bad,) = check_receipts(["web:new"], str(d), "yesterday")
+    assert "the plan's time 'yesterday' does not read as a time" in bad, bad
 
 
 @pytest.mark.parametrize("spec", ["../x:y", "a/b:c", "a:..", "a:b:c", "a", "a:", ":b", "a:b\\c"])
@@ -349,6 +352,20 @@ def test_plan_without_binding_refused(root, fake_show):
     assert err.value.messages[0].startswith("STALE PLANFILE: tfplan has no binding")
     with pytest.raises(GateRefused, match="STALE PLANFILE: tfplan has no binding"):
         verify_binding(str(root), "tfplan")
+
+
+@pytest.mark.parametrize("when", ["yesterday", 5, None])
+def test_a_binding_whose_time_does_not_read_is_no_binding(root, fake_show, when):
+    """The binding's time is the floor of the unmount receipts' freshness: one that does not read
+    would let any old receipt pass, so that binding counts as none (the gate refuses the plan)."""
+    open_binding(str(root), "tfplan")
+    path = root / "tfplan.csis-binding.json"
+    data = json.loads(path.read_text())
+    data["opened"]["time"] = when
+    path.write_text(json.dumps(data))
+    _plan_now(root)
+    with pytest.raises(GateRefused, match="STALE PLANFILE: tfplan has no binding"):
+        run_gate(str(root), "tfplan")
 
 
 @pytest.mark.parametrize("path, name", [

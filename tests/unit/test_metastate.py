@@ -199,6 +199,14 @@ def test_corrupt_yaml_names_file_and_line(tmp_path):
      "meta-state/instance-state.yaml: 'instances.a.generation.durable' must be an integer, got string"),
     ("pins.yaml", "instances: {123: ami-0abc}\n",
      "meta-state/pins.yaml: 'instances' must map instance names to AMI ids: the key 123 is integer, not a name"),
+    # values no csis.infra writer makes: refused where they are read, not a traceback in a reader
+    ("instance-state.yaml", "instances: {a: {history: !!binary aGVsbG8=}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.history' holds a bytes; meta-state holds only plain data; " + DAMAGED),
+    ("instance-state.yaml", "instances: {a: {history: !!set {x: null}}}\n",
+     "meta-state/instance-state.yaml: 'instances.a.history' holds a set; meta-state holds only plain data; " + DAMAGED),
+    ("instance-state.yaml", "instances: {a: {history: &h [*h]}}\n",
+     "meta-state/instance-state.yaml: instances.a.history[0]: a YAML alias refers to a node that contains it (a cycle); "
+     + DAMAGED),
     ("pins.yaml", "instances: {a: [ami-1]}\n",
      "meta-state/pins.yaml: 'instances.a' must map an instance name to an AMI id string, got list"),
     ("verifications.yaml", "verifications: 3\n",
@@ -293,6 +301,32 @@ def test_a_revision_record_that_is_no_number_is_refused(tmp_path):
     Path(ms.dir, "revision.yaml").write_text('{"revision": Infinity}')
     with pytest.raises(MetaStateError, match=r"^meta-state/revision.yaml: is not a revision record"):
         MetaState(ms.config_root).revision()
+
+
+def test_a_revision_counter_that_went_back_is_refused_before_anything_is_written(tmp_path):
+    """revision.yaml restored from a backup (revision 1) while audit/ holds revision 2's record: a
+    commit would write its records and then be refused its audit record (a change with no record).
+    It is refused before it writes anything, saying what to set."""
+    ms = _ms(tmp_path)
+    for n in range(2):
+        with ms.transaction() as txn:
+            data = txn.load("launch-params.yaml")
+            data["instances"]["n%d" % n] = {"launched": False}
+            txn.save("launch-params.yaml", data)
+    backup = Path(ms.dir, "revision.yaml").read_text()
+    with ms.transaction() as txn:
+        txn.save("runs.yaml", SAMPLES["runs.yaml"])
+    Path(ms.dir, "revision.yaml").write_text(backup)  # back to revision 2; audit/00000003.yaml stays
+    before = {p: p.read_bytes() for p in Path(ms.dir).rglob("*") if p.is_file() and p.name != ".lock"}
+    with pytest.raises(MetaStateError, match=r"^meta-state/audit/00000003.yaml: the audit record of revision 3 is "
+                                             r"already there while meta-state/revision.yaml says revision 2: .*nothing "
+                                             r"was written\. Set its revision to the highest number under audit/"):
+        with MetaState(ms.config_root).transaction() as txn:
+            data = txn.load("launch-params.yaml")
+            data["instances"]["n9"] = {"launched": False}
+            txn.save("launch-params.yaml", data)
+    after = {p: p.read_bytes() for p in Path(ms.dir).rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before
 
 
 def test_wrong_shape_refused_on_save_and_nothing_written(tmp_path):

@@ -56,7 +56,7 @@ def backend_of(root: str, data_dir: Optional[str] = None, workspace: Optional[st
     try:
         with open(os.path.join(data, "terraform.tfstate"), "r", encoding="utf-8") as fh:
             doc = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not as terraform writes it: terraform reads it, and says so
         return None
     backend = doc.get("backend") if isinstance(doc, dict) else None
     if not isinstance(backend, dict) or not isinstance(backend.get("config") or {}, dict):
@@ -67,6 +67,8 @@ def backend_of(root: str, data_dir: Optional[str] = None, workspace: Optional[st
             ws = fh.read().strip() or "default"
     except OSError:
         pass
+    except UnicodeDecodeError:
+        return None  # a workspace name that does not read: terraform reads it, and says what is wrong
     return {"type": backend.get("type"), "config": backend.get("config") or {}, "workspace": workspace or ws}
 
 
@@ -105,7 +107,7 @@ def _parse(body: bytes) -> Optional[Dict[str, Any]]:
         return dict(EMPTY)
     try:
         doc = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or doc.get("version") != 4 or "encrypted_data" in doc:
         return None

@@ -24,7 +24,7 @@ import os
 import secrets
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ..clock import now
+from ..clock import now, parse as parse_time
 from ..errors import GateError, GateRefused
 from ..fsutil import write_json_atomic
 from .receipts import RECEIPTS_DIR
@@ -84,8 +84,12 @@ def _module_dirs(project_path: str) -> List[str]:
         return []
     except (OSError, ValueError, RecursionError) as exc:
         raise GateError("cannot read %s: %s" % (path, exc))
+    modules = data.get("Modules") if isinstance(data, dict) else None
+    if data is not None and not isinstance(modules, (list, type(None))) or not isinstance(data, (dict, type(None))):
+        raise GateError("cannot read %s: not a module list as terraform init writes it ({\"Modules\": [...]}); "
+                        "run terraform init in the root again" % path)
     dirs: List[str] = []
-    for m in (data or {}).get("Modules") or []:
+    for m in modules or []:
         d = m.get("Dir") if isinstance(m, dict) else None
         if isinstance(d, str) and d and os.path.normpath(d) != "." and d not in dirs:
             dirs.append(d)
@@ -136,7 +140,10 @@ def root_files(project_path: str, plan_file: Optional[str] = None) -> Dict[str, 
 def combine_digests(files: Mapping[str, str]) -> str:
     h = hashlib.sha256()
     for name in sorted(files):
-        h.update(name.encode("utf-8", "surrogateescape"))
+        try:  # a name os.listdir could not decode comes back as its bytes
+            h.update(name.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:  # any other lone surrogate (a module directory modules.json names)
+            h.update(name.encode("utf-8", "surrogatepass"))
         h.update(b"\0")
         h.update(str(files[name]).encode("ascii"))
         h.update(b"\n")
@@ -210,6 +217,8 @@ def read_binding(plan_path: str) -> Optional[Dict[str, Any]]:
     files = data["opened"].get("files")
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         return None  # not as open_binding writes it: no binding (the gate refuses the plan, names why)
+    if not isinstance(data["opened"].get("time"), str) or parse_time(data["opened"]["time"]) is None:
+        return None  # the floor of the unmount receipts' freshness: without it none would be checked
     return data
 
 

@@ -51,8 +51,9 @@ def errored_state(root: str) -> Optional[Dict[str, Any]]:
         info["serial"] = doc.get("serial")
         info["lineage"] = doc.get("lineage")
         if isinstance(doc.get("resources"), list):
-            info["resources"] = sum(len(r.get("instances") or []) for r in doc["resources"]
-                                    if isinstance(r, dict) and r.get("mode") == "managed")
+            info["resources"] = sum(len(r["instances"]) for r in doc["resources"]
+                                    if isinstance(r, dict) and r.get("mode") == "managed"
+                                    and isinstance(r.get("instances"), list))
     return info
 
 

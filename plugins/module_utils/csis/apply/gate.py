@@ -41,6 +41,15 @@ def _evaluate(source: str, plan: Any, allow: List[str], refuse_create: Any, requ
         return evaluate_plan(plan, allow, refuse_create, required_tags)
     except GateError as exc:
         raise GateError("%s: %s" % (source, exc)) from exc
+    except RecursionError as exc:  # a value nested deeper than any resource's schema
+        raise GateError("%s: a planned value is nested too deeply to be read; refusing" % source) from exc
+
+
+def _digest(plan: Any) -> str:
+    try:
+        return plan_content_digest(plan)
+    except (RecursionError, ValueError) as exc:
+        raise GateError("the plan's changes cannot be digested (%s); refusing" % exc.__class__.__name__) from exc
 
 
 def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None, *,
@@ -79,7 +88,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
         verdict = _evaluate(plan_json, plan, allow, refuse_create, required_tags)
         result.update(verdict.as_result())
         result["diff"] = plan_diff(verdict)
-        result["plan_digest"] = plan_content_digest(plan)
+        result["plan_digest"] = _digest(plan)
         result.update(approver_view(verdict))
         problems += verdict.violations
         if problems:
@@ -125,7 +134,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     result.update(verdict.as_result())
     result["diff"] = plan_diff(verdict)
     result["plan_sha256"] = sha_after
-    result["plan_digest"] = plan_content_digest(plan)
+    result["plan_digest"] = _digest(plan)
     result.update(approver_view(verdict))
     problems += verdict.violations
     if problems:

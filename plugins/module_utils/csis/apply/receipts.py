@@ -56,6 +56,8 @@ def write_receipt(path: str, receipt: Mapping[str, Any]) -> None:
 def receipt_problem(path: str, instance: str, storage: str, not_before: Optional[str] = None) -> Optional[str]:
     """Why the receipt at ``path`` does not count for ``instance:storage`` (None: it counts)."""
     floor = parse_time(not_before) if not_before else None
+    if not_before and floor is None:  # a floor that does not read would check nothing: refused
+        return "the plan's time %r does not read as a time: no receipt can be shown to be newer" % (not_before,)
     try:
         with open(path, "r", encoding="utf-8") as fh:
             data = json.load(fh)

@@ -49,8 +49,10 @@ class EmitResult:
 
 
 def _read(path: str) -> Optional[str]:
+    # a generated file edited by hand into bytes that are no UTF-8 reads as what differs from the
+    # rendered text (the render writes the root anew), not as an error
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, "r", encoding="utf-8", errors="replace") as fh:
             return fh.read()
     except OSError:
         return None
@@ -62,9 +64,10 @@ def _manifest(directory: str) -> List[str]:
         return []
     try:
         data = json.loads(text)
-        return [f for f in data.get("files", []) if isinstance(f, str) and "/" not in f and not f.startswith(".")]
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
+    files = data.get("files") if isinstance(data, dict) else None  # not as the render writes it: no list
+    return [f for f in files if isinstance(f, str) and "/" not in f and not f.startswith(".")] if isinstance(files, list) else []
 
 
 def manifest_text(files: Mapping[str, str]) -> str:

@@ -654,6 +654,32 @@ def _whole(name: str, text: str, size: int) -> None:
                              % (_label(name), text.count(HEADER), text.count(FOOTER), DAMAGED))
 
 
+def not_plain(doc: Any) -> Optional[str]:
+    """Why ``doc`` (a document the YAML loader built) is not plain data as csis.infra writes it -
+    a value of another type (``!!binary``, ``!!set``) - or None. Iterative, and each node (an
+    alias's too) is looked at once: no depth is too deep for it, and a YAML alias cycle, which
+    :func:`~..yamlio.shape_problem` names, does not make it loop. (A key that is not a string is left
+    to each file's validation, which names the record.)"""
+    stack: List[Tuple[Tuple[Any, ...], Any]] = [((), doc)]
+    seen: set = set()
+    while stack:
+        path, value = stack.pop()
+        if value is None or type(value) in (str, int, float, bool):
+            continue
+        if type(value) not in (dict, list):
+            where = "".join("[%d]" % p if isinstance(p, int) else (".%s" % p) for p in path).lstrip(".")
+            shown = "'%s' " % where if where else ""
+            return "%sholds a %s; meta-state holds only plain data" % (shown, type(value).__name__)
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            stack.extend((path + (key,), sub) for key, sub in value.items())
+        else:
+            stack.extend((path + (i,), sub) for i, sub in enumerate(value))
+    return None
+
+
 def _parse(name: str, text: str) -> Any:
     try:
         data = yaml.load(text, Loader=meta_loader())  # noqa: S506 - a SafeLoader
@@ -668,7 +694,7 @@ def _parse(name: str, text: str) -> Any:
         # PyYAML's constructors raise these on a tagged value they cannot build (`!!int x`)
         raise MetaStateError("%s: YAML value that cannot be read: %s; %s"
                              % (_label(name), str(exc) or type(exc).__name__, DAMAGED)) from exc
-    shape = shape_problem(data, text)
+    shape = shape_problem(data, text) or not_plain(data)
     if shape:
         raise MetaStateError("%s: %s; %s" % (_label(name), shape, DAMAGED))
     return data
@@ -1435,6 +1461,19 @@ class Transaction:
             return []
         number, version = self._base_revision
         self.revision = number + 1
+        if objects.version(audit_object(self.revision)) is not None:
+            # the audit record this commit would write is there: another run committed since this
+            # transaction began, or the counter went back (revision.yaml restored from a backup).
+            # Refused before anything is written: the records would be written, and then the audit
+            # record refused, so the change would have no record.
+            if objects.version(REVISION) != version:
+                raise Conflict("%s: another run committed since this transaction began (its lock must have "
+                               "expired and been broken), so nothing was written" % ms._label_of(REVISION))
+            raise MetaStateError("%s: the audit record of revision %d is already there while %s says revision %d: "
+                                 "the revision counter went back (restored from a backup?); nothing was written. "
+                                 "Set its revision to the highest number under %s/"
+                                 % (ms._label_of(audit_object(self.revision)), self.revision, ms._label_of(REVISION),
+                                    number, AUDIT_DIR))
         stamp = now_iso()
         head = {"revision": number, "committing": self.revision, "time": stamp, "what": self._what}
         try:
@@ -1732,6 +1771,9 @@ def _audit_doc(ms: MetaState, rel: str, raw: bytes) -> Dict[str, Any]:
                              % (label, str(exc) or type(exc).__name__, DAMAGED)) from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("changes"), list):
         raise MetaStateError("%s: is not an audit record; %s" % (label, DAMAGED))
+    problem = shape_problem(doc, text) or not_plain(doc)
+    if problem:
+        raise MetaStateError("%s: %s; %s" % (label, problem, DAMAGED))
     _audit_shape(label, doc)
     return doc
 

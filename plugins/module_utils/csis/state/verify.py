@@ -28,7 +28,7 @@ import os
 import shutil
 import stat
 import subprocess
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .. import aws
 from ..clock import now
@@ -53,18 +53,21 @@ def mount_targets(fs_root: str) -> Set[str]:
         found: Set[str] = set()
         findmnt = shutil.which("findmnt")
         if findmnt:
-            res = subprocess.run([findmnt, "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False)
+            # a mount point with a name that is no UTF-8 (some other mount on the machine) is read as
+            # its bytes, never as an error that would make the machine look unreachable
+            res = subprocess.run([findmnt, "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False,
+                                 errors="surrogateescape")
             if res.returncode == 0:
                 found |= {_unescape_mount(x.strip().replace("\\x20", " ")) for x in res.stdout.splitlines() if x.strip()}
         try:
-            with open("/proc/mounts", "r", encoding="utf-8") as fh:
+            with open("/proc/mounts", "r", encoding="utf-8", errors="surrogateescape") as fh:
                 found |= {_unescape_mount(line.split()[1]) for line in fh if len(line.split()) >= 2}
         except OSError:
             pass
         return found
     path = os.path.join(fs_root, "proc", "mounts")
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, "r", encoding="utf-8", errors="surrogateescape") as fh:
             return {_unescape_mount(line.split()[1]) for line in fh if len(line.split()) >= 2}
     except OSError:
         return set()
@@ -223,9 +226,10 @@ def combine(instance: str, on_machine: Optional[Mapping[str, Any]], booted: Opti
     checks: List[Dict[str, Any]] = []
     if error:
         checks.append(_check("reach the machine", False, error))
+    evidence: List[Any] = []
     if on_machine:
-        checks.extend({"name": c["name"], "ok": bool(c["ok"]), "detail": str(c.get("detail", ""))[:DETAIL_MAX]}
-                      for c in on_machine.get("checks") or [])
+        found, evidence = _machine_verdict(on_machine)
+        checks.extend(found)
     elif not error:
         checks.append(_check("reach the machine", False, "no on-machine verdict"))
     if booted:
@@ -233,7 +237,30 @@ def combine(instance: str, on_machine: Optional[Mapping[str, Any]], booted: Opti
     ok = bool(checks) and all(c["ok"] for c in checks)
     return {"instance": instance, "runtime": runtime, "build": build, "run": run, "ephemeral": bool(ephemeral),
             "time": now(), "ok": ok, "checks": checks,
-            "evidence": list((on_machine or {}).get("evidence") or [])[:EVIDENCE_MAX]}
+            "evidence": evidence[:EVIDENCE_MAX]}
+
+
+def _machine_verdict(on_machine: Any) -> Tuple[List[Dict[str, Any]], List[Any]]:
+    """(the checks, the evidence) of csis_verify_instance's result, as they are recorded. A verdict
+    not in its shape (a check that is no ``{name: <string>, ok: true|false}``, ``ok: "False"``
+    above all, which ``bool`` would read as passed) is one failed check saying what is wrong:
+    never a pass, never a traceback."""
+    def refused(what: str) -> Tuple[List[Dict[str, Any]], List[Any]]:
+        return [_check("on-machine verdict", False, ("not understood: %s" % what)[:DETAIL_MAX])], []
+
+    if not isinstance(on_machine, Mapping):
+        return refused("a %s, not a mapping" % type(on_machine).__name__)
+    raw, evidence = on_machine.get("checks") or [], on_machine.get("evidence") or []
+    if not isinstance(raw, list):
+        return refused("'checks' is a %s, not a list" % type(raw).__name__)
+    if not isinstance(evidence, list):
+        return refused("'evidence' is a %s, not a list" % type(evidence).__name__)
+    checks = []
+    for index, c in enumerate(raw):
+        if not isinstance(c, Mapping) or not isinstance(c.get("name"), str) or not isinstance(c.get("ok"), bool):
+            return refused("checks[%d] is not {name: <string>, ok: true|false, detail}: %r" % (index, c))
+        checks.append({"name": c["name"], "ok": c["ok"], "detail": str(c.get("detail", ""))[:DETAIL_MAX]})
+    return checks, evidence
 
 
 def failure_message(verdict: Mapping[str, Any]) -> str:
