@@ -4,6 +4,7 @@
 """The strict models, one file at a time (the corpus in test_validate.py covers whole trees)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -159,3 +160,24 @@ def test_the_runtime_endpoint_keys():
     p = one(m.ConfigFile, {"config": {"module_source_base": "git::https://oauth2:glpat%2Dxyz@gitlab.example.org/mods.git"}})
     assert p.message == ("module_source_base 'git::https://***@gitlab.example.org/mods.git': must be a path or module "
                          "URL without quotes, '$', '%' or newlines") and "glpat" not in str(p), p
+
+
+def test_a_yaml_merge_key_with_an_override_loads_and_a_key_written_twice_does_not(tmp_path):
+    """``<<: *defaults`` then a key of its own: YAML's merge, the key written here wins (it used to be
+    refused as a duplicate key); a key written twice in one mapping is still refused."""
+    from render_trees import copy_tree  # tests/support
+
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree_partial
+
+    root = copy_tree("examples", str(tmp_path))
+    path = Path(root) / "instances" / "instances.yaml"
+    path.write_text("instances:\n"
+                    "  - &small {name: test, image: imgfile-basic, machine_type: t3.micro, description: small}\n"
+                    "  - {<<: *small, name: test2, machine_type: t3.medium}\n", encoding="utf-8")
+    tree, problems = load_tree_partial(root)
+    assert problems == [], problems
+    assert {n: (i.image, i.machine_type, i.description) for n, i in tree.instances.items()} == {
+        "test": ("imgfile-basic", "t3.micro", "small"), "test2": ("imgfile-basic", "t3.medium", "small")}
+    path.write_text("instances:\n  - {name: test, image: imgfile-basic, name: test2}\n", encoding="utf-8")
+    _tree, problems = load_tree_partial(root)
+    assert any("duplicate key 'name'" in p.message for p in problems), problems

@@ -132,9 +132,13 @@ def config_loaders() -> Tuple[Any, Any, Any]:
         """The pure-Python loader: only used again on a syntax error, for its clearer message."""
 
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Dict[Any, Any]:
+        # the keys written in this mapping itself; those a merge key (``<<: *defaults``) brings in
+        # come first after flatten_mapping, and a key written here overrides them (YAML's merge),
+        # so only a key written twice here is a duplicate
+        written = [pair for pair in node.value if pair[0].tag != "tag:yaml.org,2002:merge"]
         loader.flatten_mapping(node)
         seen: Dict[Any, Any] = {}
-        for key_node, _value in node.value:
+        for key_node, _value in written:
             key = loader.construct_object(key_node, deep=deep)
             try:
                 dup = key in seen
