@@ -55,7 +55,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import
 def _run(module, p):
     try:
         tree = load_tree(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
-        pending = sorted(MetaState(tree.root).load("pins.yaml").get("pending_replacements") or {})
+        pending = sorted(MetaState(tree.root).load_rest("pins.yaml")["pending_replacements"])
     except ConfigError as exc:
         fail_from(module, exc, prefix="the configuration does not load (run playbooks/validate.yml):\n", problems_key=None)
     except CsisError as exc:

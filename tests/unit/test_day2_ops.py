@@ -338,3 +338,22 @@ def test_an_upgrade_asked_without_a_name_names_the_awx_user_or_the_os_user(tmp_p
     monkeypatch.setenv("CSIS_AWX_USER_NAME", "carol")
     record.cancel_upgrade(root, "test2", "r2")
     assert MetaState(root).load("pins.yaml")["upgrades"][-1]["requested_by"] == "carol"
+
+
+def test_the_rest_of_pins_reads_as_a_transaction_reads_it_in_both_layouts(tmp_path):
+    """MetaState.load_rest (check mode's and the series heads' read of the pending markers) gives
+    what Transaction.load_rest gives, from a whole legacy file and from the per-record layout,
+    without reading every instance's pin."""
+    root = str(tmp_path)
+    write_meta(root, "launch-params.yaml", {"instances": {"test2": {"launched": True, "ephemeral": False}}})
+    write_meta(root, "pins.yaml", {"instances": {"test2": "ami-1"}, "upgrades": [],
+                                   "pending_replacements": {"test2": {"to": "ami-2", "from": "ami-1", "run": "r0"}}})
+    ms = MetaState(root)
+    with ms.transaction("read") as txn:
+        legacy = txn.load_rest("pins.yaml")
+    assert ms.load_rest("pins.yaml") == legacy and legacy["pending_replacements"]["test2"]["to"] == "ami-2"
+    record.cancel_upgrade(root, "test2", "r1")  # a commit: per-record from now on
+    with ms.transaction("read") as txn:
+        split = txn.load_rest("pins.yaml")
+    assert ms.load_rest("pins.yaml") == split and split["pending_replacements"] == {}
+    assert split["upgrades"][-1]["op"] == "upgrade-cancelled"

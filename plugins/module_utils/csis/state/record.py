@@ -546,7 +546,7 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
         _upgradable(instance, ms.load_record("launch-params.yaml", instance))
         entry = {"to": to, "from": ms.load_record("pins.yaml", instance), "run": run, "at": now(),
                  "requested_by": requested_by or requester()}
-        old = ms.load("pins.yaml")["pending_replacements"].get(instance)
+        old = ms.load_rest("pins.yaml")["pending_replacements"].get(instance)
         if _same_marker(old, entry):
             return {"changed": False, "pending": old, "written": []}
         return {"changed": True, "pending": entry, "written": []}
@@ -574,7 +574,7 @@ def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Opti
     ``check``: read only; ``pending`` is the marker a real call would remove."""
     ms = MetaState(config_root)
     if check:
-        old = ms.load("pins.yaml")["pending_replacements"].get(instance)
+        old = ms.load_rest("pins.yaml")["pending_replacements"].get(instance)
         return {"changed": old is not None, "pending": old, "written": []}
     with ms.transaction("csis upgrade cancelled %s" % instance) as txn:
         pins = txn.load_rest("pins.yaml")

@@ -1181,6 +1181,18 @@ class MetaState:
         raw = self.objects.get(rel)[0]
         return None if raw is None else self._decode_record(name, key, raw)
 
+    def load_rest(self, name: str) -> Dict[str, Any]:
+        """What keyed file ``name`` holds beside its records (``pins.yaml``: ``pending_replacements``
+        and ``upgrades``), each known key present, reading only that object (the whole file while it
+        is not migrated): a reader outside a transaction, as :meth:`Transaction.load_rest` is inside."""
+        rel = "%s/%s" % (stem(name), REST)
+        record_object(name, "rest")  # refuses a file that is not kept per record
+        legacy = self.objects.get(name)[0]
+        if legacy is not None:
+            return _filled_rest(name, rest_of(name, self._decode(name, legacy)))
+        raw = self.objects.get(rel)[0]
+        return _filled_rest(name, {} if raw is None else rest_of(name, self._decode(name, raw, rel)))
+
     def exists(self, name: str) -> bool:
         _check_name(name)
         if self.objects.get(name)[0] is not None:
