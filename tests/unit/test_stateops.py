@@ -246,6 +246,26 @@ def test_check_mode_of_an_import_into_terraform_alone_reports_the_change(root):
     assert res["written"] == [] and MetaState(root).revision() == revision
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_an_import_both_records_and_state_already_hold_changes_nothing(root, check):
+    """The record holds the storage and the root's state holds its id at the storage's address:
+    nothing to do, in a real run and in check mode (the change is a flag beside the message)."""
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
+    directory = _initialised_root(root, installed=("storage_mnt_data",))
+    with open(os.path.join(directory, "terraform.tfstate"), "w", encoding="utf-8") as fh:
+        json.dump({"version": 4, "serial": 1, "lineage": "l", "outputs": {}, "resources": [
+            {"module": "module.storage_mnt_data", "mode": "managed", "type": "aws_ebs_volume", "name": "this",
+             "provider": "provider[\"registry.terraform.io/hashicorp/aws\"]",
+             "instances": [{"attributes": {"id": "vol-0bbbbbbbbbbbbbbbb"}}]}]}, fh)
+    revision = MetaState(root).revision()
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=check, factory=vols)
+    assert res["terraform"] == "terraform state already holds vol-0bbbbbbbbbbbbbbbb as " \
+        "module.storage_mnt_data.aws_ebs_volume.this", res
+    assert res["changed"] is False and res["written"] == [] and MetaState(root).revision() == revision
+
+
 def test_import_leaves_a_root_only_a_dry_run_rendered_to_its_first_run(root):
     """A dry run renders the storage root and stamps it (.terraform/csis-prepared.json) but
     initialises no backend: terraform there would fail ("Module not installed"), so the import

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .. import terraform, tfstate
 from ..apply.statelock import check_and_release
@@ -199,7 +199,7 @@ _TF_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this",
 
 
 def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool,
-                        gone: Any = None) -> str:
+                        gone: Any = None) -> Tuple[bool, str]:
     """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
     next storage run manages the imported resource instead of planning its create (which the gate
     refuses for a recorded storage). Only an initialised root (``init`` recorded its backend) is
@@ -210,16 +210,19 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
 
     A state that holds another id there is refused, unless ``gone(id)`` says every id it holds
     is gone from the endpoint (a volume deleted out of band, the drift report's ``missing``): that
-    entry is then removed from the state (``state rm``) before the import."""
+    entry is then removed from the state (``state rm``) before the import.
+
+    Returns (whether the state was changed, or in check mode would be; what was done, for the
+    operator)."""
     directory = os.path.join(tree.root, root_dir("storage", builder.name))
     call = "storage_%s" % label(name)
     address = "module.%s.%s" % (call, _TF_RESOURCE[stype])
     data_dir = os.environ.get("TF_DATA_DIR")
     if tfstate.backend_of(directory, data_dir) is None:  # no init recorded a backend
-        return "terraform state not touched: %s is not rendered and initialised yet" % directory
+        return False, "terraform state not touched: %s is not rendered and initialised yet" % directory
     if not _declares_module(directory, call):
-        return ("terraform state not touched: %s was rendered before storage '%s' was declared (a storage run "
-                "renders it and stops at the gate; then state import again)" % (directory, name))
+        return False, ("terraform state not touched: %s was rendered before storage '%s' was declared (a storage run "
+                       "renders it and stops at the gate; then state import again)" % (directory, name))
     ex = tree.executables.get(builder.executable or "")
     binary = ex.binary if ex else "terraform"
     # rendered again since its last init (a dry run after the storage was declared): the module
@@ -234,7 +237,7 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
             if r.get("mode") == "managed" and "%s.%s.%s" % (r.get("module"), r.get("type"), r.get("name")) == address
             for i in r.get("instances") or []]
     if held == [storage_id]:
-        return "terraform state already holds %s as %s" % (storage_id, address)
+        return False, "terraform state already holds %s as %s" % (storage_id, address)
     stale = bool(held) and gone is not None and all(gone(h) for h in held)
     if held and not stale:
         raise StateOpError("storage '%s': the terraform state of %s holds %s as %s, not %s: remove it first "
@@ -244,7 +247,7 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
     installed = " (after installing its module %s)" % call if install else ""
     if check:
-        return "would import %s into the terraform state of %s as %s%s%s" % (
+        return True, "would import %s into the terraform state of %s as %s%s%s" % (
             storage_id, directory, address, dropped, installed)
     if install:
         res = terraform.run(binary, ["get", "-no-color"], directory)
@@ -262,8 +265,8 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     if res["rc"] != 0:
         raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                            % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    return "imported %s into the terraform state of %s as %s%s%s%s" % (storage_id, directory, address, dropped, installed,
-                                                                       released)
+    return True, "imported %s into the terraform state of %s as %s%s%s%s" % (storage_id, directory, address, dropped,
+                                                                             installed, released)
 
 
 def _declares_module(directory: str, call: str) -> bool:
@@ -354,11 +357,11 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     result: Dict[str, Any] = {"storage": name, "type": stype, "id": storage_id, "facts": facts, "written": [],
                               "changed": True}
     # terraform first: a failed import leaves meta-state as it was
-    result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone)
+    adopted, result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone)
     old = recs.get(name) or {}
     if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
         # the record as it is: changed only by the import into terraform (check mode: one that would run)
-        result["changed"] = result["terraform"].startswith(("imported ", "would import "))
+        result["changed"] = adopted
         return result
     if check:
         return result
