@@ -320,7 +320,8 @@ def test_a_template_in_meta_state_never_runs(tmp_path):
     """A string in meta-state shaped as a template (a tag, or anything a writer to the store put
     there) stays a string through keyed groups, groups, compose and a task that prints it: it never
     runs on the controller. (ansible-core 2.17 and 2.18 trust a plain string as a template: the
-    plugin marks every value unsafe there; checked by hand on 2.17.14, see the changelog.)"""
+    plugin marks every value unsafe there: checked by hand on 2.17.14, see the changelog, and its
+    branch by the next test.)"""
     marker = tmp_path / "RAN"
     payload = "{{ lookup('pipe', 'touch %s') }}" % marker
     root = tmp_path / "config"
@@ -344,6 +345,51 @@ def test_a_template_in_meta_state_never_runs(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "{{ lookup(" in proc.stdout, proc.stdout  # printed as it is, not run
     assert not marker.exists()
+
+
+# ansible-inventory as on ansible-core 2.17 and 2.18, which lack ansible.template.trust_as_template:
+# the plugin then takes its wrap_var branch; the spy marks each host's variables it wraps
+_AS_ON_2_17 = """
+import sys
+import ansible.template as template
+del template.trust_as_template
+import ansible.utils.unsafe_proxy as unsafe_proxy
+real = unsafe_proxy.wrap_var
+def spy(value):
+    out = real(value)
+    if isinstance(out, dict) and "csis_instance_id" in out:
+        out = dict(out, csis_test_wrapped=True)
+    return out
+unsafe_proxy.wrap_var = spy
+from ansible.cli.inventory import main
+sys.argv = ["ansible-inventory"] + sys.argv[1:]
+main()
+"""
+
+
+def test_on_cores_that_trust_strings_every_host_variable_is_marked_unsafe(tmp_path, config_root):
+    """ansible-core 2.17 and 2.18 run a plain string as a template; there the plugin wraps every
+    host's variables with wrap_var (the values become AnsibleUnsafe there, never templated) before
+    the host gets them and before compose, groups and keyed groups read them. The suite's core is
+    2.19, so the older core's import is imitated (its missing trust_as_template) and wrap_var is
+    watched: each host's variables are the wrapped ones, and the constructed features still work."""
+    source = write_source(tmp_path, keyed_groups=[{"key": "csis_tags.Owner", "prefix": "owner"}],
+                          compose={"owner_copy": "csis_tags.Owner"})
+    script = tmp_path / "as_on_2_17.py"
+    script.write_text(_AS_ON_2_17, encoding="utf-8")
+    proc = subprocess.run([str(VENV_BIN / "python"), str(script), "-i", str(source), "--list"],
+                          cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    inv = json.loads(proc.stdout, object_hook=_unsafe)
+    assert all_hosts(inv) == ["test2", "test3"]
+    for host in ("test2", "test3"):
+        hv = inv["_meta"]["hostvars"][host]
+        assert hv["csis_test_wrapped"] is True, hv   # what the host got went through wrap_var
+        assert hv["owner_copy"] == hv["csis_tags"]["Owner"]
+    assert hosts_of(inv, "owner_team_a") == ["test2"] and hosts_of(inv, "owner_ops") == ["test3"]
+    # and on this core (2.19) the plugin never calls it: the same listing has no mark
+    plain = inventory_list(source)["_meta"]["hostvars"]["test2"]
+    assert "csis_test_wrapped" not in plain and plain["owner_copy"] == "team-a"
 
 
 def test_plugin_documentation_renders(tmp_path):
