@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import backends, runlock
 
 
 def _run() -> Any:
@@ -136,3 +136,101 @@ def test_a_root_that_is_no_tree_is_refused_before_meta_state_is_created(tmp_path
     with pytest.raises(runlock.MetaStateError, match="not a configuration tree: it has no cfg/_config.yml"):
         runlock.acquire(str(tmp_path), timeout=0)
     assert os.listdir(str(tmp_path)) == []
+
+
+# --------------------------------------------------------------------------- holding the S3 run lock
+class _Refused(Exception):
+    """A botocore error as S3Objects reads it: the code in ``response``."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__("An error occurred (%s) when calling the PutObject operation" % code)
+        self.response = {"Error": {"Code": code}}
+
+
+class _TimedOut(Exception):
+    """A transport error: no answer, no response."""
+
+
+class _Bucket:
+    """An S3 client holding the one lock object: conditional puts as S3 answers them, and the
+    errors queued in ``failures`` raised by the next puts instead."""
+
+    def __init__(self) -> None:
+        self.etag: Any = None
+        self.failures: list = []
+        self.puts = 0
+
+    def put_object(self, **kw: Any) -> Any:
+        if self.failures:
+            raise self.failures.pop(0)
+        if (kw.get("IfNoneMatch") == "*" and self.etag is not None) or kw.get("IfMatch", self.etag) != self.etag:
+            raise _Refused("PreconditionFailed")
+        self.puts += 1
+        self.etag = '"%d"' % self.puts
+        return {"ETag": self.etag}
+
+
+class _Clock:
+    """Monotonic and wall time that move only when the watcher sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1.7e9 + self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _held(monkeypatch: Any) -> Any:
+    """An S3 run lock (60 s life) taken on a fake bucket, on a fake clock."""
+    clock, bucket = _Clock(), _Bucket()
+    monkeypatch.setattr(backends, "time", clock)
+    monkeypatch.delenv("CSIS_RUN_LOCK_TTL", raising=False)
+    objects = backends.S3Objects({}, "b", "p", client=bucket)
+    lock = runlock._lock(objects, 0, "storage run", {})
+    assert isinstance(lock, backends.S3Lock) and lock.ttl == runlock.DEFAULT_TTL
+    lock.acquire()
+    return clock, bucket, lock
+
+
+@pytest.mark.parametrize("failure", [_Refused("ServiceUnavailable"), _TimedOut("Read timeout on endpoint URL")])
+def test_a_store_that_does_not_answer_once_keeps_the_run_lock(monkeypatch: Any, failure: Exception) -> None:
+    """One refused renewal (a 5xx, a timeout) is no lost lock: the watcher renews it at the next
+    poll and still holds the tree when the run ends (it gave it up at once, and the run went on
+    without it)."""
+    clock, bucket, lock = _held(monkeypatch)
+    start = clock.now
+    bucket.failures.append(failure)
+    assert runlock._hold(lock, lambda: clock.now < start + 45, sleep=clock.sleep) is True
+    assert bucket.puts == 2 and lock.etag == bucket.etag  # renewed at the poll after the failure
+    assert lock.renewed == start + runlock.DEFAULT_TTL / 2 + runlock.POLL
+
+
+def test_a_run_lock_broken_by_another_run_is_lost_at_once(monkeypatch: Any) -> None:
+    clock, bucket, lock = _held(monkeypatch)
+    start = clock.now
+    bucket.etag = '"taken by another run"'
+    assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep) is False
+    assert clock.now == start + runlock.DEFAULT_TTL / 2  # at its first renewal
+    with pytest.raises(backends.LockLost) as err:
+        lock.refresh()
+    assert str(err.value) == ("s3://b/p/meta-state/.run.lock: this run's lock was broken by another run (it expired), "
+                              "so nothing more is written")
+    assert issubclass(backends.LockLost, backends.MetaStateError)  # a transaction's lock ends its transaction
+
+
+def test_a_store_that_does_not_answer_for_the_locks_life_loses_it(monkeypatch: Any) -> None:
+    """The watcher keeps trying while the object may still be this run's, and gives it up once its
+    life ran out unrenewed (another run may have broken it since)."""
+    clock, bucket, lock = _held(monkeypatch)
+    start = clock.now
+    bucket.failures.extend([_Refused("InternalError")] * 1000)
+    assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep) is False
+    assert clock.now == start + runlock.DEFAULT_TTL
+    tries = 1000 - len(bucket.failures)
+    assert tries == runlock.DEFAULT_TTL / 2 / runlock.POLL + 1 and bucket.puts == 1

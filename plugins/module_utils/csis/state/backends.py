@@ -79,6 +79,10 @@ class LockBusy(MetaStateError):
     """Another holder kept the lock past the timeout (the message names it)."""
 
 
+class LockLost(MetaStateError):
+    """The lock was broken by another run after it expired: its holder holds nothing any more."""
+
+
 class Conflict(MetaStateError):
     """An object changed since the transaction read it: the write was refused, nothing overwritten."""
 
@@ -226,6 +230,10 @@ class FileLock:
 
     def refresh(self) -> None:
         """Nothing to renew: the kernel holds the lock as long as the process lives."""
+
+    def expired(self) -> bool:
+        """Never: a ``flock`` has no lifetime of its own."""
+        return False
 
     def release(self) -> None:
         if self.fd is None:
@@ -487,8 +495,9 @@ class S3Lock:
         delay = 0.1
         while True:
             try:
+                start = time.monotonic()  # the object's life counts from its body, not from the answer
                 self.etag = self.objects.put(self.name, self._body(), ABSENT)
-                self.renewed = time.monotonic()
+                self.renewed = start
                 return
             except Conflict:
                 pass
@@ -523,11 +532,17 @@ class S3Lock:
         if self.etag is None or time.monotonic() - self.renewed < self.ttl / 2:
             return
         try:
+            start = time.monotonic()
             self.etag = self.objects.put(self.name, self._body(), self.etag)
-            self.renewed = time.monotonic()
+            self.renewed = start
         except Conflict as exc:
-            raise MetaStateError("%s: this run's lock was broken by another run (it expired), so nothing more "
-                                 "is written" % self.objects.label(self.name)) from exc
+            raise LockLost("%s: this run's lock was broken by another run (it expired), so nothing more "
+                           "is written" % self.objects.label(self.name)) from exc
+
+    def expired(self) -> bool:
+        """Whether the lock's life ran out since it was last renewed: another run may have broken
+        it since, though no renewal was refused (the store did not answer meanwhile)."""
+        return time.monotonic() - self.renewed >= self.ttl
 
     def release(self) -> None:
         if self.etag is None:

@@ -34,10 +34,11 @@ import json
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import procs
-from .backends import FileLock, LocalObjects, LockBusy, MetaStateError, S3Lock, holder_text, open_objects, require_tree
+from .backends import (FileLock, LocalObjects, LockBusy, LockLost, MetaStateError, S3Lock, holder_text, open_objects,
+                       require_tree)
 
 RUN_LOCK_NAME = ".run.lock"
 #: seconds a second run waits for the tree (``csis_run_lock_timeout``)
@@ -253,6 +254,23 @@ def _close_fds(keep: int) -> None:
                 pass
 
 
+def _hold(lock: Any, living: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Hold ``lock`` while ``living()``, renewing it every :data:`POLL` seconds. True: the run
+    ended and the lock is still held (release it); False: it was lost, nothing left to hold."""
+    while living():
+        sleep(POLL)
+        try:
+            lock.refresh()
+        except LockLost:
+            return False
+        except MetaStateError:
+            # the store did not answer (a timeout, a 5xx): the object is still this run's until its
+            # life runs out, so the next poll renews it; giving up here would free the tree mid-run
+            if lock.expired():
+                return False  # not renewed within its life: another run may have broken it
+    return True
+
+
 def _exit_on_signal(_signum: int, _frame: Any) -> None:  # pragma: no cover - the watcher's SIGTERM
     raise SystemExit(0)
 
@@ -293,13 +311,8 @@ def _watch(objects: Any, ctl: Dict[str, Any], timeout: float, what: str, extra: 
         os.close(write_end)
         if lock is None:
             os._exit(0)
-        while alive(ctl["pid"], ctl["start"]):
-            time.sleep(POLL)
-            try:
-                lock.refresh()
-            except MetaStateError:
-                lock = None  # broken by another run after it expired: nothing left to hold
-                break
+        if not _hold(lock, lambda: alive(ctl["pid"], ctl["start"])):
+            lock = None  # broken by another run, or expired unrenewed: nothing left to hold
     except BaseException:  # noqa: BLE001 - SystemExit from SIGTERM included: release, then end
         pass
     finally:
