@@ -93,6 +93,19 @@ options:
     type: list
     elements: str
     default: []
+  storage_steps:
+    description:
+      - >-
+        The root's storage steps that touch data and that the plan does not show, such as the deletion of
+        an archive snapshot when an archived storage is destroyed: the transitions other than C(record) that
+        M(csis.infra.csis_render) returns in each root's C(transitions_before) and C(transitions_after).
+      - >-
+        RV(plan_digest) covers them beside the plan's changes, so an AWX apply job whose root would take
+        other storage steps than its plan job's (an empty plan both times) is refused, not approved by the
+        receipt of another empty plan. Empty (the default) leaves the digest the plan's alone.
+    type: list
+    elements: dict
+    default: []
   require_unmounted:
     description:
       - V(<instance>:<storage>) pairs that must have a successful unmount receipt
@@ -211,7 +224,8 @@ binding:
   type: str
 plan_digest:
   description:
-    - sha256 over every change the plan makes (address, actions, before and after values).
+    - sha256 over every change the plan makes (address, actions, before and after values), and over the
+      O(storage_steps) when there are any.
     - Equal digests mean the same changes; an AWX apply job compares it with the digest its plan job published.
   returned: when the plan was read
   type: str
@@ -252,7 +266,8 @@ def _run(module, p):
             p['project_path'], p['plan_file'], plan_json=p['plan_json'], binary_path=p['binary_path'],
             allow_destroy=p['allow_destroy'], require_unmounted=p['require_unmounted'],
             receipts_dir=p['receipts_dir'], receipts_since_binding=p['receipts_since_binding'],
-            refuse_create=p['refuse_create'], required_tags=p['required_tags'], check_mode=module.check_mode,
+            refuse_create=p['refuse_create'], required_tags=p['required_tags'], storage_steps=p['storage_steps'],
+            check_mode=module.check_mode,
         )
     except GateRefused as exc:
         found = dict(exc.result, changed=False, violations=exc.messages)
@@ -276,6 +291,7 @@ RUN = ModuleRun(_run, dict(
     require_unmounted=dict(type='list', elements='str', default=[]),
     refuse_create=dict(type='list', elements='str', default=[]),
     required_tags=dict(type='list', elements='str', default=[]),
+    storage_steps=dict(type='list', elements='dict', default=[]),
     receipts_dir=dict(type='path'),
     receipts_since_binding=dict(type='bool', default=True),
 ), options=dict(

@@ -161,3 +161,39 @@ def test_a_missing_or_malformed_digest_is_refused_for_what_it_is_and_nothing_is_
             assert str(exc.value) == ("storage-aws-ebs: %r is not a plan digest (64 hex characters, the gate's "
                                       "plan_digest); nothing to %s" % (bad, what))
     assert not os.path.exists(os.path.join(tree, "meta-state", "plan-receipts"))
+
+
+DELETE_SNAPSHOT = {"storage": "mnt_old", "action": "delete_archive_snapshot", "from": "archived", "to": "destroyed",
+                   "snapshot_name": "csis-archive-mnt_old-1", "tags": {"csis_config": "example"}}
+
+
+def test_storage_steps_the_plan_does_not_show_are_part_of_what_an_apply_job_is_bound_to(tree, tmp_path):
+    """An archived storage declared destroyed: its root plans nothing and deletes the archive
+    snapshot after the apply. The digest covers that step, so the receipt of some other empty
+    plan (an earlier plan job's, or this one's for a root without steps) approves nothing of it,
+    and an apply job whose checkout now takes a step its plan job did not is refused."""
+    path = tmp_path / "empty.json"
+    path.write_text('{"format_version": "1.2", "resource_changes": []}', encoding="utf-8")
+    empty = run_gate(plan_json=str(path))["plan_digest"]
+    stepped = run_gate(plan_json=str(path), storage_steps=[DELETE_SNAPSHOT])["plan_digest"]
+    assert stepped != empty
+    # the same steps in another order, or as another copy, digest alike (the plan job's and the apply job's)
+    other = dict(DELETE_SNAPSHOT, storage="mnt_older", snapshot_name="csis-archive-mnt_older-1")
+    assert run_gate(plan_json=str(path), storage_steps=[other, dict(DELETE_SNAPSHOT)])["plan_digest"] == \
+        run_gate(plan_json=str(path), storage_steps=[DELETE_SNAPSHOT, other])["plan_digest"]
+    # a plan job receipted the empty plan (no steps then); the apply job's checkout now deletes a snapshot
+    approvals.request(tree, "storage-aws-ebs", empty, requested_by="alice", job="41")
+    with pytest.raises(approvals.ApprovalRefused) as exc:
+        approvals.approve(tree, "storage-aws-ebs", stepped, method="awx", approved_by="bob", pinned=empty)
+    assert "the plan differs from the one approved in the plan job" in str(exc.value)
+    # and with the pin of the stepped plan, the empty plan's receipt is no receipt of it
+    with pytest.raises(approvals.ApprovalRefused) as exc:
+        approvals.approve(tree, "storage-aws-ebs", stepped, method="awx", approved_by="bob", pinned=stepped)
+    assert "no plan job receipted this plan" in str(exc.value)
+    # a plan job that gated the steps receipted them: approved
+    approvals.request(tree, "storage-aws-ebs", stepped, requested_by="alice", job="52",
+                      summary="Plan: 0 to add, 0 to change, 0 to destroy.; storage steps mnt_old: delete_archive_snapshot")
+    assert approvals.approve(tree, "storage-aws-ebs", stepped, method="awx", approved_by="bob",
+                             pinned=stepped)["receipt"]["plan_job"] == "52"
+    # a root without steps keeps the plan's own digest
+    assert run_gate(plan_json=str(path), storage_steps=[])["plan_digest"] == empty

@@ -45,10 +45,10 @@ def _evaluate(source: str, plan: Any, allow: List[str], refuse_create: Any, requ
         raise GateError("%s: a planned value is nested too deeply to be read; refusing" % source) from exc
 
 
-def _digest(plan: Any) -> str:
+def _digest(plan: Any, storage_steps: Iterable[Mapping[str, Any]] = ()) -> str:
     try:
-        return plan_content_digest(plan)
-    except (RecursionError, ValueError) as exc:
+        return plan_content_digest(plan, storage_steps)
+    except (RecursionError, TypeError, ValueError) as exc:
         raise GateError("the plan's changes cannot be digested (%s); refusing" % exc.__class__.__name__) from exc
 
 
@@ -57,6 +57,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
              allow_destroy: Iterable[str] = (), require_unmounted: Iterable[str] = (),
              receipts_dir: Optional[str] = None, receipts_since_binding: bool = True,
              refuse_create: Iterable[str] = (), required_tags: Iterable[str] = (),
+             storage_steps: Iterable[Mapping[str, Any]] = (),
              check_mode: bool = False, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Evaluate a plan; return the verdict or raise :class:`GateRefused` / :class:`GateError`.
 
@@ -69,7 +70,11 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     meta-state records as existing, :func:`.plan_verdict.evaluate_plan`).
     ``required_tags``: tag keys every taggable resource the plan creates or updates must carry
     (the tree's ``config.required_tags``, :func:`.plan_verdict.missing_tags`).
+    ``storage_steps``: the root's storage steps that touch data (the render's transitions other
+    than ``record``), which ``plan_digest`` covers beside the plan's changes (what an AWX apply
+    job's approval binds to: :func:`.plan_verdict.plan_content_digest`).
     """
+    steps = list(storage_steps or ())
     allow = list(allow_destroy or ())
     required = list(require_unmounted or ())
     if bool(plan_file) == bool(plan_json):
@@ -88,7 +93,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
         verdict = _evaluate(plan_json, plan, allow, refuse_create, required_tags)
         result.update(verdict.as_result())
         result["diff"] = plan_diff(verdict)
-        result["plan_digest"] = _digest(plan)
+        result["plan_digest"] = _digest(plan, steps)
         result.update(approver_view(verdict))
         problems += verdict.violations
         if problems:
@@ -134,7 +139,7 @@ def run_gate(project_path: Optional[str] = None, plan_file: Optional[str] = None
     result.update(verdict.as_result())
     result["diff"] = plan_diff(verdict)
     result["plan_sha256"] = sha_after
-    result["plan_digest"] = _digest(plan)
+    result["plan_digest"] = _digest(plan, steps)
     result.update(approver_view(verdict))
     problems += verdict.violations
     if problems:

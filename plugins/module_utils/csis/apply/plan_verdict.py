@@ -325,13 +325,17 @@ def change_lines(verdict: "PlanVerdict", limit: int = CHANGE_LINES_MAX) -> List[
     return lines
 
 
-def plan_content_digest(plan: Mapping[str, Any]) -> str:
+def plan_content_digest(plan: Mapping[str, Any], storage_steps: Iterable[Mapping[str, Any]] = ()) -> str:
     """sha256 over what the plan would do: every resource change that is not a no-op, with
-    its address, actions and before/after values (unknowns and sensitivity marks included).
+    its address, actions and before/after values (unknowns and sensitivity marks included),
+    and the root's storage steps that touch data (``storage_steps``: the render's transitions
+    other than ``record``, such as ``delete_archive_snapshot``, which the plan does not show).
 
     Two plans with equal digests make the same changes; the AWX approval binds the apply job
-    to the plan job's digest (a plan that creates the same address with other values differs)."""
-    changes = []
+    to the plan job's digest (a plan that creates the same address with other values differs,
+    and so does an empty plan whose root would delete an archive snapshot). Without storage
+    steps the digest is the plan's alone, as before they were part of it."""
+    changes: Any = []
     for rc in plan.get("resource_changes") or []:
         change = rc.get("change") or {}
         actions = list(change.get("actions") or [])
@@ -343,6 +347,10 @@ def plan_content_digest(plan: Mapping[str, Any]) -> str:
             ("after_unknown", change.get("after_unknown")), ("before_sensitive", change.get("before_sensitive")),
             ("after_sensitive", change.get("after_sensitive"))) if v is not None})
     changes.sort(key=lambda c: (str(c.get("address")), str(c.get("deposed") or "")))
+    steps = sorted(json.dumps(dict(step), sort_keys=True, separators=(",", ":"), default=str)
+                   for step in storage_steps or ())
+    if steps:
+        changes = {"changes": changes, "storage_steps": steps}
     blob = json.dumps(changes, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
