@@ -212,6 +212,14 @@ roots:
         - The roots this root reads the outputs of (its C(data "terraform_remote_state") labels to their root keys);
           M(csis.infra.csis_plan) names them when one has no state yet.
       type: dict
+    apply_names:
+      description:
+        - The names besides the builder's that an apply flag may list to allow this root - the builder's aliases,
+          its runtime's name and the runtime's aliases. C(may_apply) was decided by them; the role passes them to
+          M(csis.infra.csis_apply_check) as O(csis.infra.csis_apply_check#module:root_alias), so the check after the
+          approval allows what the render allowed.
+      type: list
+      elements: str
     secrets:
       description:
         - The runtime's static credentials, by the terraform variable that carries them (C(TF_VAR_csis_aws_...)) - a

@@ -221,3 +221,40 @@ def test_malformed_yaml_refused(tmp_path):
     root = _tree(tmp_path, "config: [\n")
     with pytest.raises(ApplyCheckRefused, match="not valid YAML"):
         check_apply("storage", root="b", config_root=root)
+
+
+def test_an_apply_flag_naming_an_alias_allows_the_apply_the_render_allowed(tmp_path):
+    """apply_storage names a builder alias, or csis_apply_runtime a runtime alias: the render's
+    may_apply allows the root through it, and so must the apply-time check after the approval,
+    from the names the render returns for the root (apply_names, the role's root_alias)."""
+    import shutil
+
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.validate import read_meta
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.plan import RenderOptions
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.storage_roots import StorageRoots
+
+    root = tmp_path / "tree"
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "examples"), root,
+                    ignore=shutil.ignore_patterns("overlays", "generated", "meta-state"))
+    for name, edit in (("storage-builders.yml", lambda d: d["storage_builders"][1].update(aliases=["ebs"])),
+                       ("runtime-builders.yml", lambda d: d["runtime_builders"][0].update(aliases=["east2"])),
+                       ("_config.yml", lambda d: d["config"].update(apply_storage=["ebs"]))):
+        path = root / "cfg" / name
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        edit(doc)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    tree = load_tree(str(root))
+    meta = read_meta(tree.root)[0]
+    for apply_runtime in (None, "east2"):
+        roots = {r.builder: r for r in StorageRoots(tree, meta, RenderOptions(apply_runtime=apply_runtime)).roots()}
+        ebs = roots["aws-ebs"]
+        assert ebs.may_apply and not roots["aws-efs"].may_apply
+        assert ebs.apply_names == ["ebs", "aws-east2-runtime", "east2"]
+        assert ebs.as_dict(str(root))["apply_names"] == ebs.apply_names
+        out = check_apply("storage", root="aws-ebs", root_alias=ebs.apply_names, apply_runtime=apply_runtime,
+                          config_root=str(root))
+        assert out["allowed"] is True
+        # what the role passed before (the runtime's name alone) refused the approved root
+        with pytest.raises(ApplyCheckRefused):
+            check_apply("storage", root="aws-ebs", root_alias=["aws-east2-runtime"], config_root=str(root))

@@ -56,5 +56,6 @@ class IdentityRoots(RootPlanner):
                 files[bf] = btxt
             out.append(RootPlan("identity", gb.name, gb.type, self.t.builder_runtime(gb).name, d, files, bf,
                                 backend.type if bf else None, self.binary(gb), self.may_apply("identity", gb),
-                                endpoint_env=self.endpoint_env(gb) if gb.enrollment_token is not None else {}))
+                                endpoint_env=self.endpoint_env(gb) if gb.enrollment_token is not None else {},
+                                apply_names=self.apply_names(gb)))
         return out

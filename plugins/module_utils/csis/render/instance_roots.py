@@ -71,7 +71,8 @@ class InstanceRoots(RootPlanner):
         backend = self.t.backend_for(ib)
         alias = m.label(ib.name)
         plan = RootPlan("instance-image", ib.name, ib.type, rt.name, d, {}, None, None, self.binary(ib),
-                        self.may_apply("instance-image", ib), aws=aws.runtime_access(rt, session_mechanism=True))
+                        self.may_apply("instance-image", ib), aws=aws.runtime_access(rt, session_mechanism=True),
+                        apply_names=self.apply_names(ib))
         producers: Dict[str, Any] = {}
         has_vpc = bool(net.network) and bool(declared)
         blocks: List[Any] = []

@@ -99,6 +99,9 @@ class RootPlan:
     #: ``{<label>: <root key>}``: the roots whose state this root reads
     #: (``data "terraform_remote_state" "<label>"``); csis_plan names them when one has no state yet
     reads: Dict[str, str] = field(default_factory=dict)
+    #: the names an apply flag may list for this root beside its builder's: the builder's aliases,
+    #: its runtime's name and aliases (RootPlanner.apply_names; csis_apply_check's root_alias)
+    apply_names: List[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -121,7 +124,7 @@ class RootPlan:
             "files": sorted(self.files), "aws": dict(self.aws), "required_tags": list(self.required_tags),
             "secrets": {k: dict(v) for k, v in sorted(self.secrets.items())},
             "endpoint_env": dict(self.endpoint_env), "reads": dict(self.reads),
-            "deferred": self.deferred(),
+            "apply_names": list(self.apply_names), "deferred": self.deferred(),
         }
 
     def recorded_storages(self) -> List[str]:
@@ -149,7 +152,8 @@ class RootPlan:
             return out + ["(apply flag off: planned and gated only, nothing applied)"]
         out += ["approval (one prompt for the play, or csis_auto_approve)",
                 "csis_apply_check lifecycle=%s root=%s%s" % (self.lifecycle, self.builder,
-                                                             " root_alias=%s" % self.runtime if self.runtime else "")]
+                                                             " root_alias=%s" % ",".join(self.apply_names)
+                                                             if self.apply_names else "")]
         out += ["csis_unmount %s, then csis_gate_plan again with its receipt" % u for u in self.require_unmounted]
         out.append("csis_plan_binding verified (the plan file the gate passed, the root unchanged)")
         out += ["csis_storage_transition %s: %s" % (t.get("storage"), t.get("action")) for t in self.transitions_before]
@@ -187,9 +191,15 @@ class RootPlanner:
                 return self.may_apply("storage", builder) or self.may_apply("instance-image", builder)
         else:
             flag = getattr(cfg, FLAG_KEYS[lifecycle])
+        return apply_flag_allows(narrow_by_apply_runtime(flag, self.o.apply_runtime), builder.name,
+                                 self.apply_names(builder))
+
+    def apply_names(self, builder: Any) -> List[str]:
+        """The names besides the builder's that an apply flag may list to allow its root: the
+        builder's aliases, its runtime's name and aliases. The render's ``may_apply`` and the
+        apply-time check (csis_apply_check's ``root_alias``) read the same list."""
         rt = self.t.builder_runtime(builder)
-        aliases = list(builder.aliases) + ([rt.name] + list(rt.aliases) if rt else [])
-        return apply_flag_allows(narrow_by_apply_runtime(flag, self.o.apply_runtime), builder.name, aliases)
+        return list(builder.aliases) + ([rt.name] + list(rt.aliases) if rt else [])
 
     def binary(self, builder: Any) -> str:
         ex = self.t.executables.get(builder.executable or "")

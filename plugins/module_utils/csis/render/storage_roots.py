@@ -41,7 +41,8 @@ class StorageRoots(RootPlanner):
         backend = self.t.backend_for(sb)
         rt = self.t.builder_runtime(sb)
         plan = RootPlan("storage", sb.name, sb.type, rt.name, d, {}, None, None, self.binary(sb),
-                        self.may_apply("storage", sb), aws=aws.runtime_access(rt, session_mechanism=True))
+                        self.may_apply("storage", sb), aws=aws.runtime_access(rt, session_mechanism=True),
+                        apply_names=self.apply_names(sb))
         identity_ws: Dict[str, Any] = {}
         for st in declared:
             cur = (records.get(st.name) or {}).get("state")
