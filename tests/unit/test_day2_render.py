@@ -108,6 +108,65 @@ def test_a_dropped_mount_is_a_detach_needing_an_unmount(tree):
     assert r.unmounts == [{"instance": "test2", "storage": "mnt_data", "mount_point": "/mnt/data", "type": "ebs"}]
 
 
+def _not_launched(root, name):
+    """Meta-state as before the instance's first launch (the other instance stays launched)."""
+    def drop(doc, *path):
+        for key in path:
+            doc = doc[key]
+        doc.pop(name, None)
+    for f, path in (("launch-params.yaml", ("instances",)), ("pins.yaml", ("instances",)),
+                    ("instance-state.yaml", ("instances",))):
+        with open(os.path.join(root, "meta-state", f), encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+        drop(doc, *path)
+        write_meta(root, f, doc)
+
+
+def test_removing_the_first_of_two_ebs_mounts_keeps_the_seconds_device(tree):
+    """The one in-place change of a launched instance is a mount removal (N26). Devices follow the
+    launch's record, not the declaration's order: dropping the first of two EBS mounts leaves the
+    second on its recorded /dev/xvdg (not moved to /dev/xvdf, which would replace its attachment),
+    and a new mount of another machine takes the first device none of its mounts holds."""
+    more = dict(MNT, storage="mnt_more", mount_point="/mnt/more", device="/dev/xvdg")
+    edit(tree, "storages/storage0.yaml", lambda d: d["storages"].append(
+        {"name": "mnt_more", "mount_point": "/mnt/more", "groups": ["coops"], "state": "active"}))
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0]["storages"].append(
+        {"name": "mnt_more", "mount_point": "/mnt/more"}))
+    params = yaml.safe_load(open(os.path.join(tree, "meta-state", "launch-params.yaml"), encoding="utf-8"))
+    params["instances"]["test2"] = launched("test2", [MNT, more])
+    write_meta(tree, "launch-params.yaml", params)
+    write_meta(tree, "storage-state.yaml", {"storages": {
+        s: {"state": "active", "generation": 1, "facts": {"builder": "aws-ebs", "type": "ebs"}}
+        for s in ("mnt_data", "mnt_more")}})
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].update(
+        storages=[{"name": "mnt_more", "mount_point": "/mnt/more"}]))
+    r = instance_root(tree)   # validates: no N26 problem
+    assert r.require_unmounted == ["test2:mnt_data"]
+    assert [m["device"] for m in r.instances["test2"]["launch_params"]["mounts"]] == ["/dev/xvdg"]
+    tf = " ".join(r.files["open-tofu-instance-generation-instance-test2.tf"].split())
+    assert '"/dev/xvdg"' in tf and '"/dev/xvdf"' not in tf
+    # a machine not launched yet: its mounts take the devices in order
+    _not_launched(tree, "test2")
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].update(
+        storages=[{"name": "mnt_more", "mount_point": "/mnt/more"}, {"name": "mnt_data", "mount_point": "/mnt/data"}]))
+    r = instance_root(tree)
+    assert [(m["storage"], m["device"]) for m in r.instances["test2"]["launch_params"]["mounts"]] == \
+        [("mnt_more", "/dev/xvdf"), ("mnt_data", "/dev/xvdg")]
+
+
+def test_more_ebs_mounts_than_device_names_are_refused(tree):
+    names = ["vol%02d" % i for i in range(22)]
+    edit(tree, "storages/storage0.yaml", lambda d: d["storages"].extend(
+        {"name": n, "mount_point": "/mnt/%s" % n, "groups": ["coops"]} for n in names))
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0].update(
+        storages=[{"name": n, "mount_point": "/mnt/%s" % n} for n in names]))
+    _not_launched(tree, "test2")
+    with pytest.raises(Exception) as exc:
+        instance_root(tree)
+    assert "instance 'test2' mounts 22 EBS volumes; at most 21 fit its device names (/dev/xvdf to /dev/xvdz)" \
+        in str(exc.value)
+
+
 def test_undeclaring_every_instance_leaves_an_instance_less_root(tree):
     r = instance_root(tree, undeclare=["test", "test2"])
     assert sorted(r.decommission) == ["test", "test2"]

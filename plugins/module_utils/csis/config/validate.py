@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..errors import ConfigError, Problem
-from ..render.launch import compute_launch_params, immutability_problems, pending_replacement
+from ..render.launch import EBS_DEVICES, compute_launch_params, immutability_problems, pending_replacement
 from ..state.aliases import POOL as ALIAS_POOL
 from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
@@ -232,6 +232,12 @@ class Validation:
                     self.add("instance", inst.name, "storages",
                              "storages '%s' and '%s' both mount at %s" % (seen[mp.mount_point], mp.name, mp.mount_point))
                 seen[mp.mount_point] = mp.name
+            ebs = [mp.name for mp in inst.storages if mp.name in t.storages
+                   and t.kind_of(t.storage_builder_for(t.storages[mp.name]))["capability"] == "ebs"]
+            if len(ebs) > len(EBS_DEVICES):
+                self.add("instance", inst.name, "storages",
+                         "instance '%s' mounts %d EBS volumes; at most %d fit its device names (%s to %s)"
+                         % (inst.name, len(ebs), len(EBS_DEVICES), EBS_DEVICES[0], EBS_DEVICES[-1]))
         # buckets: one bucket, one storage
         owners: Dict[str, str] = {}
         for st in t.storages.values():

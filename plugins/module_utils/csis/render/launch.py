@@ -41,6 +41,14 @@ def generation_number(meta: Mapping[str, Any], name: str, ephemeral: bool, repla
     return int(counters.get(kind) or 0) + 1
 
 
+def recorded_devices(meta: Mapping[str, Any], name: str) -> Dict[str, str]:
+    """``{storage: device}`` of the instance's recorded EBS mounts (its launch parameters)."""
+    rec = ((meta.get("launch-params.yaml") or {}).get("instances") or {}).get(name)
+    mounts = rec.get("mounts") if isinstance(rec, dict) else None
+    return {x["storage"]: x["device"] for x in mounts or []
+            if isinstance(x, dict) and isinstance(x.get("storage"), str) and x.get("device") in EBS_DEVICES}
+
+
 def pinned_build(meta: Mapping[str, Any], name: str) -> Optional[str]:
     pins = (meta.get("pins.yaml") or {}).get("instances") or {}
     v = pins.get(name)
@@ -82,7 +90,11 @@ def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
     img = tree.image_of(inst)
     group = img.group if img else None
     mounts: List[Dict[str, Any]] = []
-    ebs_i = 0
+    # an EBS mount keeps the device its launch recorded: removing the first of two mounts (the one
+    # in-place change, N26) must not move the second to the first's device, which would replace its
+    # attachment; a mount without a recorded device takes the first one no mount of it holds
+    recorded = recorded_devices(meta, inst.name)
+    taken = {recorded[mp.name] for mp in inst.storages if mp.name in recorded}
     for mp in inst.storages:
         st = tree.storages[mp.name]
         sb = tree.storage_builder_for(st)
@@ -92,8 +104,9 @@ def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
             "group": group, "share_mode": st.share_mode, "public_read": st.public_read,
         }
         if kind["capability"] == "ebs":
-            entry["device"] = EBS_DEVICES[ebs_i]
-            ebs_i += 1
+            device = recorded.get(st.name) or next((d for d in EBS_DEVICES if d not in taken), None)
+            taken.add(device)
+            entry["device"] = device  # None past /dev/xvdz: validation refuses so many (config/validate.py)
         mounts.append(entry)
     ephemeral = inst.ephemeral
     number = generation_number(meta, inst.name, ephemeral, replacing)
