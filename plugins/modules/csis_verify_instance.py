@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: csis_verify_instance
-short_description: Check on the machine that a launch completed (marker, mounts, group subtrees, image tests)
+short_description: Check on the machine that a launch completed (marker, mounts, group directories, image tests)
 version_added: 0.1.0
 author:
   - csis.infra maintainers (@csis-infra)
@@ -15,9 +15,10 @@ description:
   - Runs on the instance itself, through the connection Ansible uses for the host (SSM or
     SSH from the inventory), so the checks are real file-system and mount checks.
   - Checks the completion marker (C(/var/lib/csis/launch-applied), written last by the launch
-    script), every declared mount present at its mount point, the group subtree
-    C(<mount point>/<group>) with the expected gid and mode, and the image's post-bake test
-    commands (run with C(/bin/sh -c); exit 0 passes).
+    script), every declared mount present at its mount point, the group's directory with the
+    expected gid and mode (the subtree C(<mount point>/<group>) on an EBS volume; for an EFS mount
+    through its group's access point the mount point itself, the access point's root), and the
+    image's post-bake test commands (run with C(/bin/sh -c); exit 0 passes).
   - Returns a structured verdict and does not fail when a check fails; the caller records it
     (M(csis.infra.csis_record_verification)) and decides. The booted AMI is checked on the
     controller from EC2 by M(csis.infra.csis_record_verification).
@@ -44,6 +45,10 @@ options:
     description:
       - The declared mounts, as in the launch parameters (C(storage), C(type), C(mount_point),
         C(group), C(share_mode)) plus C(gid), the group's gid. C(s3) entries are skipped.
+      - C(group_root) true - the group's directory is the mount point itself (an EFS mount through its
+        group's access point), not C(<mount point>/<group>). An entry without C(group) gets no group check
+        (an EFS mount through the public access point, whose root is the filesystem's). M(csis.infra.csis_render)
+        returns each instance's mounts so in C(instances.<name>.verify.mounts).
     type: list
     elements: dict
     default: []

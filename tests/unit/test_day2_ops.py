@@ -156,6 +156,33 @@ def test_each_failure_is_named(tmp_path):
     assert not sub["ok"] and "mode is 2775, expected 2770" in sub["detail"] and "expected %d" % (os.getgid() + 4242) in sub["detail"]
 
 
+def test_an_efs_mount_through_its_groups_access_point_is_checked_at_its_root(tmp_path):
+    """The group's access point mounts the directory /<group> of the filesystem, created with the
+    group's gid and the storage's share_mode: that directory is the mount point itself, and there is
+    no <mount point>/<group> below it (the check of an EBS volume's subtree failed every such machine)."""
+    gid = os.getgid()
+    fs = tmp_path / "fs"
+    (fs / "var/lib/csis").mkdir(parents=True)
+    (fs / "var/lib/csis/launch-applied").write_text("2026-12-01T00:00:00Z\n")
+    (fs / "proc").mkdir()
+    (fs / "proc/mounts").write_text("127.0.0.1:/ /mnt/efs nfs4 rw 0 0\n")
+    (fs / "mnt/efs").mkdir(parents=True)
+    os.chmod(str(fs / "mnt/efs"), 0o2775)
+    efs = {"storage": "efs-storage", "type": "efs", "mount_point": "/mnt/efs", "group": "coops", "gid": gid,
+           "share_mode": "2775", "group_root": True}
+    v = verify.verify_on_machine(str(fs), mounts=[efs])
+    assert v["ok"] is True, v
+    assert [c["name"] for c in v["checks"]] == ["startup scripts", "mount /mnt/efs (efs-storage)",
+                                                "group directory /mnt/efs (coops)"]
+    os.chmod(str(fs / "mnt/efs"), 0o755)
+    v = verify.verify_on_machine(str(fs), mounts=[efs])
+    (grp,) = [c for c in v["checks"] if c["name"].startswith("group directory")]
+    assert not grp["ok"] and "mode is 0755, expected 2775" in grp["detail"]
+    # through the public access point (the filesystem's root): no group check at all
+    v = verify.verify_on_machine(str(fs), mounts=[dict(efs, group=None, gid=None, group_root=False)])
+    assert v["ok"] is True and [c["name"] for c in v["checks"]] == ["startup scripts", "mount /mnt/efs (efs-storage)"]
+
+
 def test_a_missing_fs_root_fails_cleanly(tmp_path):
     v = verify.verify_on_machine(str(tmp_path / "nope"))
     assert v["ok"] is False and v["checks"][0]["name"] == "file-system root"

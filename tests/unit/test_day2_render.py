@@ -331,3 +331,23 @@ def test_check_mode_renders_a_previewed_upgrade_marker_and_writes_nothing(tree):
     assert "preview_upgrades: nope: instance 'nope' is not launched" in text
     assert "preview_upgrades: test2.to: 'ami-../x' is not an AMI id" in text
     assert _files_under(tree) == before
+
+
+def test_an_efs_mount_is_verified_where_its_access_point_puts_the_groups_directory(tree):
+    """Through its group's access point an EFS mount's root is the group's directory (checked at the
+    mount point); through the public access point (a public_read storage of other groups) it is the
+    filesystem's root, with no directory of the instance's group to check."""
+    _not_launched(tree, "test2")
+    edit(tree, "instances/instances.yaml", lambda d: d["instances"][0]["storages"].append(
+        {"name": "efs-storage", "mount_point": "/mnt/efs"}))
+    r = instance_root(tree)
+    (efs,) = [x for x in r.instances["test2"]["verify"]["mounts"] if x["type"] == "efs"]
+    assert efs["group"] == "coops" and efs["group_root"] is True and efs["share_mode"] == "2775"
+    tf = " ".join(r.files["open-tofu-instance-generation-instance-test2.tf"].split())
+    assert 'access_point_ids["coops"]' in tf
+    edit(tree, "storages/storage0.yaml", lambda d: d["storages"][2].update(groups=["stofs"], public_read=True))
+    r = instance_root(tree)
+    (efs,) = [x for x in r.instances["test2"]["verify"]["mounts"] if x["type"] == "efs"]
+    assert efs["group"] is None and efs["gid"] is None and "group_root" not in efs
+    tf = " ".join(r.files["open-tofu-instance-generation-instance-test2.tf"].split())
+    assert "public_read_access_point_id" in tf

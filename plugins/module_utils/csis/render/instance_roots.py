@@ -19,6 +19,14 @@ from .plan import HEADER, PHASES, RootPlan, RootPlanner, list_literal, root_dir
 from .series_heads import head_ami
 
 
+def efs_through_public(st: m.Storage, group: Optional[str]) -> bool:
+    """Whether an instance of ``group`` mounts EFS storage ``st`` through its public access point
+    (the filesystem's root, read-only for others) rather than its group's (the directory
+    ``/<group>``, created with the group's gid and the storage's share_mode): a public_read
+    storage the group is not a member of."""
+    return bool(st.public_read) and (not group or group not in st.groups)
+
+
 class InstanceRoots(RootPlanner):
     """Plans the instance-image roots."""
 
@@ -171,7 +179,7 @@ class InstanceRoots(RootPlanner):
                     ebs[st.name] = {"volume_id": Raw(ref + ".volume_id"), "device_name": mnt["device"]}
                 elif mnt["type"] == "efs":
                     producers.setdefault(("storage", sb.name), sb)
-                    ap = (ref + ".public_read_access_point_id") if st.public_read and (not group or group not in st.groups) \
+                    ap = (ref + ".public_read_access_point_id") if efs_through_public(st, group) \
                         else "%s.access_point_ids[%s]" % (ref, string(group or ""))
                     efs[st.name] = {"file_system_id": Raw(ref + ".file_system_id"), "access_point_id": Raw(ap)}
             tvars["ebs"] = ebs
@@ -268,9 +276,16 @@ class InstanceRoots(RootPlanner):
         mounts = []
         for mnt in params.get("mounts") or []:
             g = self.t.groups.get(mnt.get("group") or "")
-            mounts.append({"storage": mnt["storage"], "type": mnt["type"], "mount_point": mnt["mount_point"],
-                           "group": mnt.get("group"), "gid": g.gid if g is not None else None,
-                           "share_mode": mnt.get("share_mode")})
+            spec = {"storage": mnt["storage"], "type": mnt["type"], "mount_point": mnt["mount_point"],
+                    "group": mnt.get("group"), "gid": g.gid if g is not None else None,
+                    "share_mode": mnt.get("share_mode")}
+            st = self.t.storages.get(mnt["storage"])
+            if mnt["type"] == "efs" and st is not None:
+                if efs_through_public(st, mnt.get("group")):
+                    spec.update(group=None, gid=None)  # the filesystem's root: no directory of the group's
+                else:
+                    spec["group_root"] = True  # the group's access point: its directory is the mount itself
+            mounts.append(spec)
         return {"marker": MARKER, "mounts": mounts, "tests": list(img.tests.post_bake) if img else [],
                 "expected_build": ami, "name_pattern": img.name_pattern if img else None}
 

@@ -91,7 +91,10 @@ def check_marker(fs_root: str, marker: str = MARKER) -> Dict[str, Any]:
 
 
 def check_mount(fs_root: str, mount: Mapping[str, Any], targets: Set[str]) -> List[Dict[str, Any]]:
-    """One check for the mount itself and one for the group subtree (when a group owns it)."""
+    """One check for the mount itself and one for the group's directory (when a group owns it):
+    the subtree ``<mount point>/<group>`` the launch script made on an EBS volume, or with
+    ``group_root`` (an EFS mount through its group's access point, whose root is the group's
+    directory) the mount point itself."""
     out: List[Dict[str, Any]] = []
     mp = str(mount["mount_point"])
     name = "mount %s (%s)" % (mp, mount.get("storage", "?"))
@@ -106,12 +109,16 @@ def check_mount(fs_root: str, mount: Mapping[str, Any], targets: Set[str]) -> Li
     out.append(_check(name, True, "%s is mounted" % mp))
     group = mount.get("group")
     if group:
-        sub = os.path.join(local, str(group))
-        gname = "group subtree %s/%s" % (mp.rstrip("/"), group)
+        if mount.get("group_root"):
+            sub, shown = local, mp
+            gname = "group directory %s (%s)" % (mp, group)
+        else:
+            sub, shown = os.path.join(local, str(group)), "%s/%s" % (mp.rstrip("/"), group)
+            gname = "group subtree %s" % shown
         try:
             st = os.stat(sub)
         except OSError as exc:
-            out.append(_check(gname, False, "%s/%s: %s" % (mp.rstrip("/"), group, exc.strerror or exc)))
+            out.append(_check(gname, False, "%s: %s" % (shown, exc.strerror or exc)))
             return out
         problems = []
         if not stat.S_ISDIR(st.st_mode):
