@@ -166,3 +166,30 @@ def test_a_tree_whose_name_is_not_the_tag_its_resources_carry_is_refused(tmp_pat
     with open(os.path.join(root, "cfg", "_config.yml"), "w", encoding="utf-8") as fh:
         fh.write(text.replace("\nconfig:", "\nid: csis-example-old\nconfig:", 1))
     load_and_validate(root, run_version=corpus.version_stub({}))
+
+
+def test_storages_and_instances_without_a_runtime_take_their_builders_without_a_default_runtime(example):
+    """Two runtimes, neither is_default: a storage or instance that names no runtime (or "default") is built
+    on its builder's runtime, which every builder names, as the manual reads the key ("the builder's
+    runtime governs"); only a runtime named outright must exist."""
+    import yaml
+
+    path = os.path.join(example, "cfg", "runtime-builders.yml")
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    doc["runtime_builders"][0]["is_default"] = False
+    doc["runtime_builders"].append(dict(doc["runtime_builders"][0], name="aws-east2-other"))
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    tree, _meta = load_and_validate(example, run_version=corpus.version_stub({}))
+    assert tree.storages["default-bucket"].runtime == "default" and tree.instances["test"].runtime == "default"
+    assert tree.builder_runtime(tree.instance_builder_for(tree.instances["test"])).name == "aws-east2-runtime"
+    inst = os.path.join(example, "instances", "instances.yaml")
+    with open(inst, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    doc["instances"][1]["runtime"] = "aws-nowhere"
+    with open(inst, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    with pytest.raises(ConfigError) as exc:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    assert "names unknown runtime 'aws-nowhere'" in str(exc.value)

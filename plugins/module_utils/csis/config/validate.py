@@ -124,6 +124,10 @@ class Validation:
         if builder is None:
             self.add_unresolved(kind, obj.name, "type", "%s builder" % kind, obj.type, builders,
                                 "%s builder '%s' is not declared (%s builders: %s)" % (kind, obj.type, kind, _names(builders)))
+        elif obj.runtime == "default":
+            # no runtime of its own (the key left out, or "default"): its builder's runtime governs, which
+            # the builder's own check resolves; a tree without an is_default runtime is no problem here
+            return t.builder_runtime(builder) is not None
         if t.runtime(obj.runtime) is None:
             self.add_unresolved(kind, obj.name, "runtime", "runtime", obj.runtime, t.runtimes,
                                 "names unknown runtime '%s' (declared: %s)" % (obj.runtime, _names(t.runtimes)))
