@@ -181,3 +181,21 @@ def test_a_yaml_merge_key_with_an_override_loads_and_a_key_written_twice_does_no
     path.write_text("instances:\n  - {name: test, image: imgfile-basic, name: test2}\n", encoding="utf-8")
     _tree, problems = load_tree_partial(root)
     assert any("duplicate key 'name'" in p.message for p in problems), problems
+
+
+def test_a_subnet_marked_is_default_is_the_default_subnet():
+    """The reference names its default subnet with is_default on the subnet; it was accepted and
+    never read (instances then launched in no subnet). Now it is the default subnet, and two marks,
+    or a mark beside another default_subnet_id, are refused instead of one silently winning."""
+    subnets = [{"name": "a", "subnet_id": "subnet-0a1b2c3d4e5f60718", "availability_zone": "us-east-2a"},
+               {"name": "b", "subnet_id": "subnet-0b1b2c3d4e5f60718", "availability_zone": "us-east-2b", "is_default": True}]
+    net = m.Networking(subnets=subnets)
+    assert net.default_subnet_id == "subnet-0b1b2c3d4e5f60718" and net.effective_zone() == "us-east-2b"
+    assert m.Networking(subnets=subnets, default_subnet_id="subnet-0b1b2c3d4e5f60718").default_subnet_id == \
+        "subnet-0b1b2c3d4e5f60718"
+    assert m.Networking(subnets=subnets[:1], default_subnet_id="subnet-0a1b2c3d4e5f60718").default_subnet_id == \
+        "subnet-0a1b2c3d4e5f60718"
+    with pytest.raises(ValueError, match="differs from the subnet marked is_default"):
+        m.Networking(subnets=subnets, default_subnet_id="subnet-0a1b2c3d4e5f60718")
+    with pytest.raises(ValueError, match="more than one subnet is marked is_default"):
+        m.Networking(subnets=[dict(s, is_default=True) for s in subnets])

@@ -508,6 +508,21 @@ class Networking(Strict):
     def _sgs(cls, v: List[str]) -> List[str]:
         return [_aws_id(x, "sg") for x in v]
 
+    @model_validator(mode="after")
+    def _default_subnet(self) -> "Networking":
+        """A subnet marked ``is_default`` is the default subnet (the reference's way of naming it),
+        unless ``default_subnet_id`` names it already; two marked, or a mark and another
+        ``default_subnet_id``, are refused rather than one of them silently ignored."""
+        marked = [sub.subnet_id for sub in self.subnets if sub.is_default]
+        if len(marked) > 1:
+            raise keyed_error("subnets", "more than one subnet is marked is_default: %s" % marked)
+        if marked and self.default_subnet_id not in (None, marked[0]):
+            raise keyed_error("default_subnet_id", "default_subnet_id %s differs from the subnet marked is_default (%s): "
+                              "name one default subnet" % (self.default_subnet_id, marked[0]))
+        if marked:
+            self.default_subnet_id = marked[0]
+        return self
+
     @field_validator("default_availability_zone")
     @classmethod
     def _az(cls, v: Optional[str]) -> Optional[str]:
