@@ -404,3 +404,43 @@ def test_a_report_whose_drift_lines_are_not_as_the_query_writes_them_is_named(tm
     with pytest.raises(d.DriftError) as err:
         d.last_hard(str(tmp_path), None)
     assert str(err.value) == "%s: %s; run 'state query' again to rewrite it" % (path, problem)
+
+
+def test_a_standing_ephemeral_is_reported_until_it_is_decommissioned():
+    """Under on_failure: keep a failed ephemeral stands for inspection; the state query says so
+    (the manual's "ephemeral instance is STANDING ..."), with its last failed verification."""
+    failed = dict(inst("eph", iid="i-e"), ephemeral=True, verification={
+        "ok": False, "time": "2026-12-06T10:00:00Z", "failed": "mount /mnt/data (mnt_data): /mnt/data is not mounted"})
+    bare = dict(inst("eph2", iid="i-f"), ephemeral=True, verification={})
+    r = d.classify(exps([], [failed, bare, inst("web")]), {"storages": {}, "foreign": [], "instances": {
+        n: {"present": True, "state": "running", "ami": "ami-1"} for n in ("eph", "eph2", "web")}})
+    assert lines(r) == []
+    assert r["notes"] == [
+        "instance eph: ephemeral instance is STANDING (instance i-e, its last verification failed at 2026-12-06T10:00:00Z: "
+        "mount /mnt/data (mnt_data): /mnt/data is not mounted) until it is decommissioned: undeclare it and run "
+        "instance_image.yml with the root allowed to apply",
+        "instance eph2: ephemeral instance is STANDING (instance i-f) until it is decommissioned: undeclare it and run "
+        "instance_image.yml with the root allowed to apply"]
+
+
+def test_the_expectations_carry_an_ephemerals_last_verdict():
+    class Tree:
+        runtimes = {"rt": None}
+        storages, instances = {}, {}
+
+        @staticmethod
+        def resource_tag():
+            return {"csis_config": "t"}
+
+    meta = {"launch-params.yaml": {"instances": {
+        "eph": {"launched": True, "ephemeral": True, "runtime": "rt"},
+        "web": {"launched": True, "runtime": "rt"}}},
+        "instance-state.yaml": {"instances": {"eph": {"current": {"instance_id": "i-e"}}}},
+        "verifications.yaml": {"verifications": [
+            {"instance": "eph", "ok": True, "time": "t1", "checks": []},
+            {"instance": "eph", "ok": False, "time": "t2", "checks": [{"name": "startup scripts", "ok": False,
+                                                                     "detail": "missing"}, {"name": "x", "ok": True}]}]}}
+    got = expectations(Tree(), meta)["instances"]
+    assert got["eph"]["ephemeral"] is True and got["web"]["ephemeral"] is False
+    assert got["eph"]["verification"] == {"ok": False, "time": "t2", "failed": "startup scripts: missing"}
+    assert got["web"]["verification"] == {}

@@ -212,6 +212,15 @@ def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "")
         elif booted and pin and booted != pin:
             drift.append(_line("instance", name, "changed", "instance %s boots %s but its pinned build is %s"
                                % (iid, booted, pin)))
+        if exp.get("ephemeral"):
+            # a run tears an ephemeral down after it passed (or failed under on_failure: teardown): one still
+            # standing failed under keep (or its run was stopped), and stands until it is decommissioned
+            verdict = exp.get("verification") or {}
+            why = (", its last verification failed%s: %s" % (" at %s" % verdict["time"] if verdict.get("time") else "",
+                                                              verdict["failed"])
+                   if verdict.get("ok") is False else "")
+            notes.append("instance %s: ephemeral instance is STANDING (instance %s%s) until it is decommissioned: "
+                         "undeclare it and run instance_image.yml with the root allowed to apply" % (name, iid, why))
 
     for it in sorted(foreign_items, key=lambda x: (x["kind"], x["name"], x["id"])):
         exp = storages.get(it["name"]) if it["kind"] == "storage" else None
@@ -453,7 +462,7 @@ def query(config_root: str, overlays: Iterable[str] = (), run: Optional[str] = N
     from .lookups import observe
     tree = load_tree(config_root, overlays=overlays)
     meta, problems = read_meta(tree.root, ("storage-state.yaml", "launch-params.yaml", "instance-state.yaml",
-                                           "pins.yaml"))
+                                           "pins.yaml", "verifications.yaml"))
     if problems:
         raise DriftError("\n".join(str(p) for p in problems))
     exps = expectations(tree, meta)

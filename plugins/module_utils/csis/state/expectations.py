@@ -76,6 +76,18 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
         out_in[name] = {"name": name, "runtime": rt_name, "instance_id": cur.get("instance_id"),
                         "recorded_ami": cur.get("ami_id"), "pin": pin_map.get(name),
                         "pending": pending.get(name) if name in pending else None,
-                        "is_pending": name in pending}
+                        "is_pending": name in pending, "ephemeral": lp.get("ephemeral") is True,
+                        "verification": _last_verdict(meta, name)}
     return {"tag": tag, "runtimes": sorted(tree.runtimes),
             "storages": out_st, "instances": out_in}
+
+
+def _last_verdict(meta: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    """``{ok, time, failed}`` of the instance's last verification (``verifications.yaml``, when
+    the caller read it), ``failed`` naming the checks that failed; empty without one."""
+    for verdict in reversed((meta.get("verifications.yaml") or {}).get("verifications") or []):
+        if isinstance(verdict, dict) and verdict.get("instance") == name:
+            bad = ["%s: %s" % (c.get("name"), c.get("detail")) for c in verdict.get("checks") or []
+                   if isinstance(c, dict) and not c.get("ok")]
+            return {"ok": verdict.get("ok"), "time": verdict.get("time"), "failed": "; ".join(bad) or "no checks ran"}
+    return {}
