@@ -71,7 +71,9 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
         rt_name = lp.get("runtime")
         if rt_name not in tree.runtimes:
             inst = tree.instances.get(name)
-            rt = tree.runtime(inst.runtime if inst is not None else (rt_name or "default"))
+            builder = tree.instance_builder_for(inst) if inst is not None else None
+            # the builder's runtime launches it (validation checks an instance's own runtime against it)
+            rt = tree.builder_runtime(builder) if builder is not None else tree.runtime(rt_name or "default")
             rt_name = rt.name if rt is not None else rt_name
         out_in[name] = {"name": name, "runtime": rt_name, "instance_id": cur.get("instance_id"),
                         "recorded_ami": cur.get("ami_id"), "pin": pin_map.get(name),
