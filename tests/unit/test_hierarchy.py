@@ -255,3 +255,27 @@ def test_the_gate_refuses_creates_and_updates_that_lack_a_required_tag(tmp_path)
     ok = plan(rc("module.storage_a.aws_ebs_volume.this", ["create"], tagged))
     path.write_text(json.dumps(ok))
     assert run_gate(plan_json=str(path), required_tags=REQ)["adds"] == 1
+
+
+@pytest.mark.parametrize("file,edit_fn,key", [
+    ("cfg/hierarchy.yml", lambda d: d["hierarchy"][0]["dependency_tags"].update(Name="prod-account"),
+     "hierarchy[0] (example-account).dependency_tags"),
+    ("cfg/runtime-builders.yml", lambda d: d["runtime_builders"][0].setdefault("tags", {}).update(Name="east2"),
+     "runtime_builders[0] (aws-east2-runtime).tags"),
+    ("cfg/storage-builders.yml", lambda d: d["storage_builders"][1]["variables"]["tags"].update(Name="ebs"),
+     "storage_builders[1] (aws-ebs).variables.tags"),
+])
+def test_a_name_tag_above_storages_and_instances_is_refused(tree, file, edit_fn, key):
+    """Every module names its resource after its storage or instance, and merges the tags it is
+    given over that: a Name inherited from a node, a runtime or a builder renamed every resource
+    below it. It is refused where it is written; a storage's or an instance's own Name stays."""
+    edit(tree, file, edit_fn)
+    with pytest.raises(ConfigError) as exc:
+        validated(tree)
+    problems = [p for p in exc.value.problems if "tag 'Name' may not be set here" in p.message]
+    assert [(p.file, p.key) for p in problems] == [(file, key)], exc.value.problems
+
+
+def test_a_storages_own_name_tag_is_its_own(tree):
+    edit(tree, "storages/storage0.yaml", lambda d: d["storages"][0].setdefault("tags", {}).update(Name="data"))
+    validated(tree)

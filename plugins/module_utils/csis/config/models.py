@@ -212,6 +212,19 @@ Tags = Dict[str, str]
 CheckedTags = Annotated[Tags, AfterValidator(_check_tags)]
 
 
+def _no_inherited_name(tags: Dict[str, str]) -> Dict[str, str]:
+    if "Name" in tags:
+        raise ValueError("tag 'Name' may not be set here: these tags reach every resource below (each module "
+                         "names its resource after its storage or instance, and an inherited Name would rename them "
+                         "all); give a Name in a storage's or an instance's own tags")
+    return tags
+
+
+#: tags that layers above a storage or an instance pass down to every resource below (a hierarchy
+#: node's dependency_tags, a runtime's tags, a builder's): checked tags without a ``Name``
+InheritedTags = Annotated[Tags, AfterValidator(_check_tags), AfterValidator(_no_inherited_name)]
+
+
 # --------------------------------------------------------------------------- cfg/_config.yml
 def check_region(v: Optional[str]) -> Optional[str]:
     """An AWS region name (a runtime's ``region``, a hierarchy node's ``dependency_configs.region``)."""
@@ -611,7 +624,7 @@ class RuntimeBuilder(Strict):
     state_configuration: Optional[str] = None
     on_failure: Literal["keep", "teardown"] = "keep"
     teardown_after: Optional[str] = None
-    tags: CheckedTags = Field(default_factory=dict)
+    tags: InheritedTags = Field(default_factory=dict)
     config: Dict[str, Any] = Field(default_factory=dict)
     #: the environment node of cfg/hierarchy.yml this runtime belongs to (its tags and configs flow down)
     environment: Optional[str] = None
@@ -721,7 +734,7 @@ class _BuilderBase(Strict):
     is_default: bool = False
     config: Dict[str, Any] = Field(default_factory=dict)
     gitignore: List[str] = Field(default_factory=list)
-    tags: CheckedTags = Field(default_factory=dict)
+    tags: InheritedTags = Field(default_factory=dict)
     runtime: str = "default"
 
     @model_validator(mode="before")
@@ -768,7 +781,7 @@ class InstanceBuilder(_BuilderBase):
 class EbsVariables(Strict):
     volume_type: Optional[Literal["gp2", "gp3", "io1", "io2", "st1", "sc1", "standard"]] = None
     encrypted: Optional[bool] = None
-    tags: CheckedTags = Field(default_factory=dict)
+    tags: InheritedTags = Field(default_factory=dict)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -791,12 +804,12 @@ class EbsVariables(Strict):
 class EfsVariables(Strict):
     performance_mode: Optional[Literal["generalPurpose", "maxIO"]] = None
     encrypted: Optional[bool] = None
-    tags: CheckedTags = Field(default_factory=dict)
+    tags: InheritedTags = Field(default_factory=dict)
 
 
 class S3Variables(Strict):
     force_destroy: Optional[bool] = None
-    tags: CheckedTags = Field(default_factory=dict)
+    tags: InheritedTags = Field(default_factory=dict)
 
 
 class _StorageBuilderBase(_BuilderBase):
@@ -1118,7 +1131,7 @@ class HierarchyNode(Strict):
     kind: Literal["account", "environment"]
     parent: Optional[str] = None
     description: Optional[str] = None
-    dependency_tags: CheckedTags = Field(default_factory=dict)
+    dependency_tags: InheritedTags = Field(default_factory=dict)
     dependency_configs: DependencyConfigs = Field(default_factory=DependencyConfigs)
 
     _n = field_validator("name", mode="before")(
