@@ -197,3 +197,23 @@ def test_storage_steps_the_plan_does_not_show_are_part_of_what_an_apply_job_is_b
                              pinned=stepped)["receipt"]["plan_job"] == "52"
     # a root without steps keeps the plan's own digest
     assert run_gate(plan_json=str(path), storage_steps=[])["plan_digest"] == empty
+
+
+def test_a_second_requester_of_the_same_plan_does_not_open_the_two_person_rule(tree):
+    """alice plans, bob plans the same changes again (the same digest refreshes the receipt):
+    alice may still not approve what she asked for, nor bob; carol may."""
+    approvals.request(tree, "storage-aws-ebs", D1, requested_by="alice", job="41")
+    receipt = approvals.request(tree, "storage-aws-ebs", D1, requested_by="bob", job="42")
+    assert receipt["requested_by"] == "bob"
+    assert approvals.receipts_of(tree, "storage-aws-ebs")[D1]["requesters"] == ["alice", "bob"]
+    for who in ("alice", "bob"):
+        with pytest.raises(approvals.ApprovalRefused) as exc:
+            approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by=who, pinned=D1,
+                              distinct_approver=True)
+        assert "the apply job's launcher (%s) must differ from the plan job's requester (alice, bob)" % who \
+            in str(exc.value)
+    done = approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="carol", pinned=D1,
+                             distinct_approver=True)
+    assert done["receipt"]["requesters"] == ["alice", "bob"]
+    # a receipt written before the list existed counts its requested_by
+    assert approvals._requesters({"requested_by": "dave"}) == ["dave"]

@@ -120,10 +120,26 @@ def request(config_root: str, root_key: str, digest: str, *, summary: str = "", 
         rec = _record(tx, root_key)
         old = rec["plans"].get(digest) or {}
         receipt["approvals"] = list(old.get("approvals") or [])
+        # everyone who asked for this very plan (a later plan job of the same digest refreshes the
+        # receipt): approvals.distinct_approver refuses an approver who is any of them
+        requesters = _requesters(old)
+        if receipt["requested_by"] not in requesters:
+            requesters.append(receipt["requested_by"])
+        receipt["requesters"] = requesters[-KEEP:]
         rec["plans"][digest] = receipt
         rec["plans"] = _trim(rec["plans"])
         tx.save_record(RECEIPTS, receipt_key(root_key), rec)
     return receipt
+
+
+def _requesters(receipt: Mapping[str, Any]) -> List[str]:
+    """Who asked for a receipted plan: its ``requesters`` (receipts written before there was such
+    a list: its ``requested_by``)."""
+    found = [r for r in receipt.get("requesters") or [] if isinstance(r, str) and r]
+    last = receipt.get("requested_by")
+    if isinstance(last, str) and last and last not in found:
+        found.append(last)
+    return found
 
 
 def approve(config_root: str, root_key: str, digest: str, *, method: str, approved_by: Optional[str] = None,
@@ -159,18 +175,19 @@ def approve(config_root: str, root_key: str, digest: str, *, method: str, approv
         out = dict(receipt or {"requested_by": approver, "requested_at": approval["approved_at"], "run": run_id,
                                "lifecycle": lifecycle, "summary": summary})
         out = {k: v for k, v in out.items() if v not in (None, "")}
-        requester = out.get("requested_by")
         if distinct_approver:
             if method != "awx":
                 raise ApprovalRefused(
                     "%s: approvals.distinct_approver is set (cfg/_config.yml): the approver must differ from the "
                     "requester, and a %s run is both; apply through a plan job and an apply job launched by someone "
                     "else (docs/awx.md); not applying" % (root_key, "prompted" if method == "prompt" else "self-approved"))
-            if not requester or not approved_by or requester == approved_by:
+            requesters = _requesters(out)
+            if not requesters or not approved_by or approved_by in requesters:
                 raise ApprovalRefused(
                     "%s: approvals.distinct_approver is set (cfg/_config.yml): the apply job's launcher (%s) must differ "
                     "from the plan job's requester (%s); not applying"
-                    % (root_key, approved_by or "unknown: AWX passed no awx_user_name", requester or "unknown"))
+                    % (root_key, approved_by or "unknown: AWX passed no awx_user_name",
+                       ", ".join(requesters) or "unknown"))
         out["approvals"] = (list(out.get("approvals") or []) + [approval])[-KEEP:]
         return out
 
