@@ -209,3 +209,14 @@ def test_render_of_a_phase(tree):
     with pytest.raises(ConfigError, match="phase 'identity' runs the identity lifecycle, not storage"):
         render(tree, ["storage"], dry_run=True, check_mode=True, prepare=False,
                cascade={"environment": ENV, "phase": "identity"})
+
+
+def test_a_tree_whose_approval_rules_ask_for_another_person_or_a_merge_says_the_cascade_cannot_run(tree):
+    """Every phase of a cascade runs with its runner's one approval (csis_auto_approve): under
+    approvals.distinct_approver each phase would be refused as self-approved, under
+    workspace.require_merge each would stop at its unmerged branch, after the cascade's approval
+    was recorded. csis_cascade names why, so the playbook refuses before anything."""
+    assert c.cascade_of(tree, "example-us-east-2", run_version=corpus.version_stub({}))["approval_rules"] == []
+    edit(tree, "cfg/_config.yml", lambda d: d.update(approvals={"distinct_approver": True}))
+    rules = c.cascade_of(tree, "example-us-east-2", run_version=corpus.version_stub({}))["approval_rules"]
+    assert len(rules) == 1 and rules[0].startswith("approvals.distinct_approver is set (cfg/_config.yml)")

@@ -386,6 +386,18 @@ def cascade_of(config_root: str, environment: str, overlays: Sequence[str] = (),
             if builder is not None and not planner.may_apply(lifecycle, builder):
                 blocked.add(key)
     approved = [d for ph in full["phases"] for d in ph["destroys"]]
+    # the cascade's one approval is its runner's own (each phase runs with csis_auto_approve): a tree
+    # whose approval rules ask for another person, or for a merge, cannot run it to the end
+    rules = []
+    if tree.config_file.approvals.distinct_approver:
+        rules.append("approvals.distinct_approver is set (cfg/_config.yml): every phase would be refused as "
+                     "self-approved; destroy the environment's declarations through plan and apply jobs launched "
+                     "by different people instead (docs/awx.md)")
+    ws = tree.config_file.workspace
+    if ws is not None and ws.require_merge:
+        rules.append("workspace.require_merge is set (cfg/_config.yml): every phase would stop at its unmerged "
+                     "delete_ branch; undeclare the environment's instances and storages and run the lifecycles, "
+                     "merging each branch, instead")
     return {"environment": environment, "runtimes": full["runtimes"], "ebs": ebs, "phases": full["phases"],
             "lines": order_lines(full), "approved": approved, "blocked": sorted(blocked),
-            "config_root": tree.root}
+            "approval_rules": rules, "config_root": tree.root}
