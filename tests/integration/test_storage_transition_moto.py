@@ -57,13 +57,18 @@ def test_check_mode_tells_the_step_that_changes_from_the_one_that_does_not(root,
     name = "csis-%s-archive" % storage
     vol = ec2.create_volume(AvailabilityZone="us-east-2a", Size=1)["VolumeId"]
     hold_volume(root, storage, vol)
-    snap = {"storage": storage, "action": "snapshot", "snapshot_name": name, "tags": {"csis_config": tag}}
+    snap = {"storage": storage, "action": "snapshot", "snapshot_name": name, "tags": {"csis_config": tag},
+            "cost_tags": {"BillingCode": "CSIS-0001", "csis_config": "not-the-trees"}}
 
     probe = probe_transition(root, snap)
     assert probe == {"would": "snapshot storage mnt_data as %s" % name, "changed": True}
     assert not ec2.describe_snapshots(OwnerIds=["self"], Filters=[{"Name": "tag:csis_config", "Values": [tag]}])["Snapshots"]
     taken = transitions.snapshot(root, snap, aws.root_access(root["aws"], None), timeout=120)
     assert taken["created"] is True and changed_by("snapshot", taken)
+    # labelled with the volume's cost tags; the tags it is found by win over them
+    (made,) = ec2.describe_snapshots(SnapshotIds=[taken["snapshot_id"]])["Snapshots"]
+    assert {t["Key"]: t["Value"] for t in made["Tags"]} == {"BillingCode": "CSIS-0001", "Name": name,
+                                                            "csis_storage": storage, "csis_config": tag}
     # a second archive run finds it: reused, not changed, and check mode says so first
     probe, res, changed = step(root, snap)
     assert probe == {"would": "reuse archive snapshot %s" % taken["snapshot_id"], "changed": False}

@@ -220,6 +220,9 @@ def test_archive_transitions_carry_the_trees_tag(tree):
     (snap,) = ebs.transitions_before
     assert snap["action"] == "snapshot" and snap["tags"] == {"csis_config": "csis-example"}
     assert ebs.allow_destroy == ["module.storage_mnt_data"]
+    # the snapshot is labelled with the volume's cost tags (the hierarchy's, the builder's), never its Name
+    assert snap["cost_tags"] == {"BillingCode": "CSIS-0001", "Environment": "Development", "Owner": "coastal-ops",
+                                 "Project": "MyProject", "Stage": "development", "csis_config": "csis-example"}
 
 
 @pytest.mark.parametrize("key,value", [("share_mode", "2775"), ("public_read", True)])

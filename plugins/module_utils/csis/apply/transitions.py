@@ -78,10 +78,14 @@ def snapshot(root: Mapping[str, Any], t: Mapping[str, Any], access: Mapping[str,
         if att:
             raise TransitionError("storage '%s' cannot be archived: volume %s is still attached to %s (detach in one run, "
                                   "transition in the next; N21)" % (storage, vol, ", ".join(att)))
+        # the volume's cost tags (its hierarchy's, runtime's, builder's and own: the render's cost_tags), then
+        # the ones the archive is found by, which win
+        tags = dict(t.get("cost_tags") or {})
+        tags.update({"Name": name, "csis_storage": storage})
+        tags.update(t.get("tags") or {})
         snap = ec2.create_snapshot(VolumeId=vol, Description="csis.infra archive of storage %s" % storage,
                                    TagSpecifications=[{"ResourceType": "snapshot", "Tags": [
-                                       {"Key": "Name", "Value": name}, {"Key": "csis_storage", "Value": storage}]
-                                       + [{"Key": k, "Value": v} for k, v in sorted((t.get("tags") or {}).items())]}])
+                                       {"Key": k, "Value": v} for k, v in sorted(tags.items())]}])
         created = True
     sid = snap["SnapshotId"]
     deadline = time.time() + timeout

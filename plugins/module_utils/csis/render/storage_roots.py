@@ -90,7 +90,8 @@ class StorageRoots(RootPlanner):
                     "storage %s is requested %s (recorded: %s): no module call.%s" % (
                         st.name, st.state, cur or "never applied",
                         " Archive snapshot: %s." % info["archive_snapshot"] if st.state == "archived" else "")))
-                self._leave(plan, st.name, cur, st.state, kind, info, records.get(st.name))
+                self._leave(plan, st.name, cur, st.state, kind, info, records.get(st.name),
+                            self.tags(self.runtime_tags(rt), sb.variables.tags, st.tags))
         for name, rec in undeclared:
             lab = m.label(name)
             facts = rec.get("facts") or {}
@@ -117,17 +118,23 @@ class StorageRoots(RootPlanner):
         return plan
 
     def _leave(self, plan: RootPlan, name: str, cur: Optional[str], req: str, kind: Mapping[str, Any],
-               info: Mapping[str, Any], rec: Optional[Mapping[str, Any]] = None) -> None:
-        """A storage leaving 'active': transitions before the apply and the whitelisted destroy."""
+               info: Mapping[str, Any], rec: Optional[Mapping[str, Any]] = None,
+               effective_tags: Optional[Mapping[str, str]] = None) -> None:
+        """A storage leaving 'active': transitions before the apply and the whitelisted destroy.
+        ``effective_tags``: the declared storage's tags as its module call gets them (the hierarchy's,
+        its runtime's, its builder's, its own), which its archive snapshot carries too (cost tags)."""
         if cur == req or cur is None:
             return
         addr = info["address"]
         if req == "archived" and cur == "active":
             # the volume meta-state records: the archive's own snapshot is of it, also once the apply
             # destroyed it (the state then holds none: transitions.reusable)
+            # "tags" find the archive again (csis_config); "cost_tags" only label it, as its volume was
             plan.transitions_before.append({"storage": name, "action": "snapshot", "from": cur, "to": "archived",
                                             "snapshot_name": info["archive_snapshot"], "tags": self.t.resource_tag(), "address": addr,
-                                            "volume_id": ((rec or {}).get("facts") or {}).get("volume_id")})
+                                            "volume_id": ((rec or {}).get("facts") or {}).get("volume_id"),
+                                            "cost_tags": {k: v for k, v in sorted((effective_tags or {}).items())
+                                                          if k not in ("Name", "csis_storage")}})
             plan.allow_destroy.append(addr)
         elif req == "destroyed":
             if cur == "archived" and kind["archive"]:
