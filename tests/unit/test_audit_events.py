@@ -4,6 +4,8 @@
 """Audit events that change no record (a refused gate, a refused apply check)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
@@ -165,3 +167,35 @@ def test_every_history_line_and_refusal_is_one_line_whatever_a_run_id_or_user_ho
     assert drift.console_lines({"run": "a\nb", "drift": [line]})[0] == "state report for run a\\nb"
     body = workspace.commit_message("Plan: 1 to add", "storage-x", "d" * 64, "R1\nPlan digest: forged").split("\n")
     assert "Run: R1\\nPlan digest: forged" in body and sum(b.startswith("Plan digest:") for b in body) == 1
+
+
+def test_a_storages_history_shows_who_approved_the_plan_that_changed_it(tmp_path):
+    """Filtering the history by storage kept only the records that changed it: the approval of the
+    plan whose apply did (an event, no record of the storage) was left out, though it says who
+    approved. The records of the same plan digest come along; an empty plan's digest ties nothing."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import plan_content_digest
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    assert store.EMPTY_PLAN_DIGEST == plan_content_digest({"resource_changes": []})
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "cfg"))
+    digest, other = "cd" * 32, "ef" * 32
+    approvals.approve(root, "storage-aws-ebs", other, method="auto-approve", approved_by="eve", require_receipt=False)
+    approvals.approve(root, "storage-aws-ebs", digest, method="auto-approve", approved_by="alice", require_receipt=False)
+    approvals.approve(root, "storage-aws-ebs", store.EMPTY_PLAN_DIGEST, method="auto-approve", approved_by="mallory",
+                      require_receipt=False)
+    rp = {"key": "storage-aws-ebs", "builder": "aws-ebs", "lifecycle": "storage", "directory": root,
+          "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs", "requested_state": "active",
+                                    "current_state": None, "address": "module.storage_mnt_data"}}}
+    state = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
+                            "name": "this", "instances": [{"attributes": {"id": "vol-0123abcd", "size": 100,
+                                                                          "availability_zone": "us-east-2a"}}]}]}
+    record.record_root(root, rp, "r1", state=state,
+                       context={"lifecycle": "storage", "root": "storage-aws-ebs", "plan_digest": digest, "run_id": "r1"})
+    report = store.history_report(root, storage="mnt_data")
+    kinds = [(doc["revision"], [e.get("approved_by") for e in doc.get("events") or []]) for doc in report["trail"]]
+    assert kinds == [(2, ["alice"]), (4, [])], kinds
+    assert any("approval" in line and "alice" in line for line in report["lines"]), report["lines"]
+    # the check of what was last done to a storage (forget) still reads its own records only
+    assert [doc["revision"] for doc in store.audit_trail(store.MetaState(root), storage="mnt_data")] == [4]

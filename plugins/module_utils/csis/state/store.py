@@ -60,12 +60,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
+import hashlib
 import json
 import re
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from ..config.names import NAME_RE, mount_point_ok
 from ..errors import printable
@@ -1743,12 +1744,16 @@ def _restrict(name: str, data: Mapping[str, Any], keys: set) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 def audit_trail(ms: MetaState, instance: Optional[str] = None, storage: Optional[str] = None,
-                root: Optional[str] = None, since: int = 0, drift: bool = True) -> List[Dict[str, Any]]:
+                root: Optional[str] = None, since: int = 0, drift: bool = True,
+                related: bool = False) -> List[Dict[str, Any]]:
     """The audit records (oldest first) of revisions after ``since``; with a filter, only those that
     changed instance ``instance`` / storage ``storage`` (a record of it, or a line of a whole file
     naming it; with ``drift``, also a HARD line of ``drift.yaml`` about it that came or went), or whose
-    ``what`` or ``context`` names root ``root`` (their ``changes`` are kept whole)."""
+    ``what`` or ``context`` names root ``root`` (their ``changes`` are kept whole). With ``related``
+    (an instance or storage filter), also the records of the plans that changed it: an approval, a
+    refused gate or apply check whose plan digest is that of a matched record's apply."""
     out: List[Dict[str, Any]] = []
+    every: List[Dict[str, Any]] = []
     for fname in sorted(ms.objects.listing(AUDIT_DIR)):
         try:
             number = int(fname[:-len(".yaml")])
@@ -1763,7 +1768,25 @@ def audit_trail(ms: MetaState, instance: Optional[str] = None, storage: Optional
         doc = _audit_doc(ms, rel, raw)
         if _matches(doc, instance, storage, root, drift):
             out.append(doc)
-    return out
+        elif related and (instance or storage):
+            every.append(doc)
+    plans = {d for doc in out for d in _plan_digests(doc)}
+    if not plans:
+        return out
+    more = [doc for doc in every if plans & _plan_digests(doc)]
+    return sorted(out + more, key=lambda doc: int(doc.get("revision") or 0))
+
+
+#: the digest of every plan without changes (apply/plan_verdict.py plan_content_digest of none):
+#: shared by every root, so it ties no record to another
+EMPTY_PLAN_DIGEST = hashlib.sha256(b"[]").hexdigest()
+
+
+def _plan_digests(doc: Mapping[str, Any]) -> Set[str]:
+    """The plan digests an audit record names (its context's, its events'), but an empty plan's."""
+    found = {(doc.get("context") or {}).get("plan_digest")}
+    found |= {e.get("plan_digest") for e in doc.get("events") or [] if isinstance(e, dict)}
+    return {d for d in found if isinstance(d, str) and d and d != EMPTY_PLAN_DIGEST}
 
 
 def _audit_doc(ms: MetaState, rel: str, raw: bytes) -> Dict[str, Any]:
@@ -1936,7 +1959,7 @@ def history_report(config_root: str, instance: Optional[str] = None, storage: Op
     and ``after`` unless ``details``); ``lines``: one line per change; ``as_of`` (with
     ``revision`` and an instance or storage): its records as they were right after that revision."""
     ms = MetaState(config_root)
-    trail = audit_trail(ms, instance=instance, storage=storage, root=root, since=since)
+    trail = audit_trail(ms, instance=instance, storage=storage, root=root, since=since, related=True)
     if not details:
         for doc in trail:
             for change in doc.get("changes") or []:
