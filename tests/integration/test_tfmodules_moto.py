@@ -413,3 +413,28 @@ output "team_gid" {
 }
 """ % (hcl(bucket), hcl(key), hcl(url), hcl(url)))
     assert consumer.apply_and_converge()["team_gid"] == 3000
+
+
+def test_allowed_account_ids_refuse_credentials_of_another_account(tmp_path, tf_env, moto_endpoint):
+    """What csis_render puts in the provider block of a runtime with an account_id (and no
+    skip_requesting_account_id): the provider asks STS whose credentials these are and plans only in
+    that account. moto's credentials are account 123456789012's."""
+    body = 'data "aws_caller_identity" "me" {}\noutput "account" {\n  value = data.aws_caller_identity.me.account_id\n}\n'
+    root = Root(tmp_path, dict(tf_env, **endpoint_env(moto_endpoint.url)))
+    provider = """provider "aws" {
+  region                      = "us-east-2"
+  s3_use_path_style           = true
+  skip_credentials_validation = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+  allowed_account_ids         = [%s]
+}
+"""
+    root.write("main.tf", body)
+    root.write("providers.tf", provider % hcl(moto_endpoint.account_id))
+    root.init()
+    proc = root.tf("plan", "-input=false", "-no-color")
+    assert moto_endpoint.account_id in proc.stdout
+    root.write("providers.tf", provider % hcl("999999999999"))
+    proc = root.tf("plan", "-input=false", "-no-color", ok=(1,))
+    assert "AWS account ID not allowed: %s" % moto_endpoint.account_id in proc.stderr, proc.stderr[-2000:]

@@ -279,3 +279,17 @@ def test_a_name_tag_above_storages_and_instances_is_refused(tree, file, edit_fn,
 def test_a_storages_own_name_tag_is_its_own(tree):
     edit(tree, "storages/storage0.yaml", lambda d: d["storages"][0].setdefault("tags", {}).update(Name="data"))
     validated(tree)
+
+
+def test_the_inherited_account_id_is_the_only_account_the_provider_plans_in(tree):
+    """account_id (here from the account node) is rendered as the provider's allowed_account_ids, so
+    credentials of another account are refused at plan; a runtime that skips asking STS for its
+    account (skip_requesting_account_id, as the local endpoint does) gets none: the provider could not check."""
+    def provider_text(root):
+        t, _meta = validated(root)
+        (ebs,) = [r for r in plan_roots(t, _meta, "storage", RenderOptions()) if r.builder == "aws-ebs"]
+        return flat(ebs.files["aws-ebs-storage-generation.tf"])
+
+    assert "allowed_account_ids" not in provider_text(tree)
+    edit(tree, "cfg/runtime-builders.yml", lambda d: d["runtime_builders"][0].update(skip_requesting_account_id=False))
+    assert 'allowed_account_ids = ["123456789012"]' in provider_text(tree)

@@ -315,6 +315,10 @@ class RootPlanner:
             pb.attr("skip_credentials_validation", True)
         if rt.skip_requesting_account_id:
             pb.attr("skip_requesting_account_id", True)
+        elif rt.account_id:
+            # the runtime's account (its own, or its hierarchy's): the provider asks STS whose
+            # credentials these are and refuses to plan or apply in any other account
+            pb.attr("allowed_account_ids", [rt.account_id])
         if rt.skip_metadata_api_check:
             pb.attr("skip_metadata_api_check", True)
         if rt.s3_use_path_style:
