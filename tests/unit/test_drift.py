@@ -438,8 +438,8 @@ def test_the_expectations_carry_an_ephemerals_last_verdict():
         "instance-state.yaml": {"instances": {"eph": {"current": {"instance_id": "i-e"}}}},
         "verifications.yaml": {"verifications": [
             {"instance": "eph", "ok": True, "time": "t1", "checks": []},
-            {"instance": "eph", "ok": False, "time": "t2", "checks": [{"name": "startup scripts", "ok": False,
-                                                                     "detail": "missing"}, {"name": "x", "ok": True}]}]}}
+            {"instance": "eph", "ok": False, "time": "t2",
+             "checks": [{"name": "startup scripts", "ok": False, "detail": "missing"}, {"name": "x", "ok": True}]}]}}
     got = expectations(Tree(), meta)["instances"]
     assert got["eph"]["ephemeral"] is True and got["web"]["ephemeral"] is False
     assert got["eph"]["verification"] == {"ok": False, "time": "t2", "failed": "startup scripts: missing"}

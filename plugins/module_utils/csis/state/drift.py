@@ -216,9 +216,8 @@ def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "")
             # a run tears an ephemeral down after it passed (or failed under on_failure: teardown): one still
             # standing failed under keep (or its run was stopped), and stands until it is decommissioned
             verdict = exp.get("verification") or {}
-            why = (", its last verification failed%s: %s" % (" at %s" % verdict["time"] if verdict.get("time") else "",
-                                                              verdict["failed"])
-                   if verdict.get("ok") is False else "")
+            when = " at %s" % verdict["time"] if verdict.get("time") else ""
+            why = ", its last verification failed%s: %s" % (when, verdict["failed"]) if verdict.get("ok") is False else ""
             notes.append("instance %s: ephemeral instance is STANDING (instance %s%s) until it is decommissioned: "
                          "undeclare it and run instance_image.yml with the root allowed to apply" % (name, iid, why))
 
