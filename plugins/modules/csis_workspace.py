@@ -138,6 +138,12 @@ main_commit:
   description: The main branch's commit that holds the root.
   returned: O(state=merged)
   type: str
+merged_by:
+  description:
+    - The author of RV(main_commit) (C(name <email>)) - who merged, for a merge made in a forge's web page; the
+      role records it in the audit trail (C(approved by merge)).
+  returned: O(state=merged)
+  type: str
 message:
   description: What was done or found, in one line.
   returned: success

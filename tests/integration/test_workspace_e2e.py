@@ -98,3 +98,8 @@ def test_merge_is_the_approval(moto_endpoint, tmp_path):
     vid = e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     vol = ep.client("ec2").describe_volumes(VolumeIds=[vid])["Volumes"][0]
     assert vol["Size"] == 100 and vol["State"] in ("available", "in-use")
+    # the merge is recorded as the approval: who merged, the commit, the plan; the storage's history shows it
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
+    merge = git("rev-parse", "refs/heads/main", cwd=bare)
+    lines = [line for line in store.history_report(root, storage="mnt_data")["lines"] if "approved by merge" in line]
+    assert len(lines) == 1 and "merged by reviewer <reviewer@example.org>" in lines[0] and merge[:12] in lines[0], lines

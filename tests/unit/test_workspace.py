@@ -296,6 +296,7 @@ def test_only_what_is_merged_on_main_is_approved(env):
     ok = merged(e)
     assert ok["digest"] == binding.rendered_digest(e["proj"]) and ok["main_commit"] == bare_ref(e, "main")
     assert "approved by merge" in ok["message"]
+    assert ok["merged_by"] == git("log", "-1", "--format=%an <%ae>", "main", cwd=e["bare"]) and "<" in ok["merged_by"]
 
     # run output beside the root changes nothing; a changed rendered file is no longer approved
     write(os.path.join(e["proj"], "tfplan"), "another plan")

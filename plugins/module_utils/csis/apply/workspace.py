@@ -34,7 +34,7 @@ from urllib.parse import unquote
 from ..config import models as m
 from ..config.loader import CONFIG_REL, parse_model, read_yaml
 from ..config.models import mask_url
-from ..errors import ConfigError, CsisError, Problem
+from ..errors import ConfigError, CsisError, Problem, printable
 from . import binding
 
 WORKSPACE_DIR = os.path.join("generated", ".workspace")
@@ -247,7 +247,6 @@ def commit_message(summary: str, root: str, plan_digest: str = "", run_id: str =
     """The gate's summary as the subject; the root, the rendered digest, the plan digest, the run id
     and who requested the plan in the body (the reviewer sees whose change it is; the author is
     the machine's git identity)."""
-    from ..errors import printable
     subject = " ".join((summary or "").split()) or "%s: rendered root" % root
     body = ["Root: %s" % root]
     if digest:
@@ -336,7 +335,8 @@ def check_merged(config_root: str, repo: str, *, root: str, lifecycle: str, buil
                  destroys: int = 0, main_branch: str = "main") -> Dict[str, Any]:
     """Refuse (:class:`WorkspaceRefused`, one line naming the root, the branch to merge and the
     repository) unless ``main_branch`` holds exactly the root's rendered files under
-    ``<lifecycle>/<builder>/``. Returns ``digest``, ``main_commit``, ``path``, ``branch``."""
+    ``<lifecycle>/<builder>/``. Returns ``digest``, ``main_commit``, ``merged_by`` (the author of
+    ``main_commit``), ``path``, ``branch``."""
     branch = branch_name(root, destroys)
     prefix = workspace_path(lifecycle, builder)
     url = resolve_repo(repo, config_root)
@@ -351,6 +351,10 @@ def check_merged(config_root: str, repo: str, *, root: str, lifecycle: str, buil
         raise WorkspaceRefused("%s: not approved in the git workspace: the rendered root (digest %s) is not merged "
                                "(%s); merge branch %s into %s of %s, then run again"
                                % (root, want[:12], found, branch, main_branch, mask_url(url)))
+    # who merged: the author of main's head (a merge made in a forge's web page is authored by the
+    # person who pressed merge; its committer is the forge)
+    merged_by = _git(["log", "-1", "--format=%an <%ae>", main], clone, check=False).stdout.decode("utf-8", "replace").strip()
     return dict(branch=branch, path=prefix + "/", digest=want, main_commit=main, repo=mask_url(url),
+                merged_by=printable(merged_by)[:200] or None,
                 message="%s: %s of %s holds the rendered root (digest %s): approved by merge"
                 % (root, main_branch, mask_url(url), want[:12]))
