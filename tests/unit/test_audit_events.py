@@ -11,6 +11,17 @@ import pytest
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
 
 
+def ebs_root(root):
+    """A one-EBS storage root as the render describes it, and the state its apply left."""
+    rp = {"key": "storage-aws-ebs", "builder": "aws-ebs", "lifecycle": "storage", "directory": root,
+          "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs", "requested_state": "active",
+                                    "current_state": None, "address": "module.storage_mnt_data"}}}
+    state = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
+                            "name": "this", "instances": [{"attributes": {"id": "vol-0123abcd", "size": 100,
+                                                                          "availability_zone": "us-east-2a"}}]}]}
+    return rp, state
+
+
 def seeded(root):
     """One committed transaction (a verification record); returns it."""
     with store.MetaState(root).transaction("seed") as txn:
@@ -88,12 +99,7 @@ def test_an_apply_that_changes_no_record_is_in_the_trail_and_no_apply_writes_not
     from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
 
     root = str(tmp_path)
-    rp = {"key": "storage-aws-ebs", "builder": "aws-ebs", "lifecycle": "storage", "directory": root,
-          "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs", "requested_state": "active",
-                                    "current_state": None, "address": "module.storage_mnt_data"}}}
-    state = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
-                            "name": "this", "instances": [{"attributes": {"id": "vol-0123abcd", "size": 100,
-                                                                          "availability_zone": "us-east-2a"}}]}]}
+    rp, state = ebs_root(root)
     context = {"lifecycle": "storage", "root": "storage-aws-ebs", "plan_digest": "cd" * 32, "run_id": "r1"}
     record.record_root(root, rp, "r1", state=state, context=context, applied="1 to add, 0 to change, 0 to destroy")
     first = store.MetaState(root).revision()
@@ -185,12 +191,7 @@ def test_a_storages_history_shows_who_approved_the_plan_that_changed_it(tmp_path
     approvals.approve(root, "storage-aws-ebs", digest, method="auto-approve", approved_by="alice", require_receipt=False)
     approvals.approve(root, "storage-aws-ebs", store.EMPTY_PLAN_DIGEST, method="auto-approve", approved_by="mallory",
                       require_receipt=False)
-    rp = {"key": "storage-aws-ebs", "builder": "aws-ebs", "lifecycle": "storage", "directory": root,
-          "storages": {"mnt_data": {"builder": "aws-ebs", "type": "ebs", "requested_state": "active",
-                                    "current_state": None, "address": "module.storage_mnt_data"}}}
-    state = {"resources": [{"mode": "managed", "module": "module.storage_mnt_data", "type": "aws_ebs_volume",
-                            "name": "this", "instances": [{"attributes": {"id": "vol-0123abcd", "size": 100,
-                                                                          "availability_zone": "us-east-2a"}}]}]}
+    rp, state = ebs_root(root)
     record.record_root(root, rp, "r1", state=state,
                        context={"lifecycle": "storage", "root": "storage-aws-ebs", "plan_digest": digest, "run_id": "r1"})
     report = store.history_report(root, storage="mnt_data")
