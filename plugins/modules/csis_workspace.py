@@ -138,10 +138,15 @@ main_commit:
   description: The main branch's commit that holds the root.
   returned: O(state=merged)
   type: str
+merge_commit:
+  description: The commit on the main branch's first-parent line that brought the root's files (the merge).
+  returned: O(state=merged)
+  type: str
 merged_by:
   description:
-    - The author of RV(main_commit) (C(name <email>)) - who merged, for a merge made in a forge's web page; the
-      role records it in the audit trail (C(approved by merge)).
+    - The author (C(name <email>)) of RV(merge_commit) when it is a merge commit - who merged (a forge's web page
+      authors it as the person who pressed merge). Null after a fast-forward or a rebase, which leave no merge
+      commit and record nobody who merged. The role records both in the audit trail (C(approved by merge)).
   returned: O(state=merged)
   type: str
 message:

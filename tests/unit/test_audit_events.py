@@ -200,3 +200,32 @@ def test_a_storages_history_shows_who_approved_the_plan_that_changed_it(tmp_path
     assert any("approval" in line and "alice" in line for line in report["lines"]), report["lines"]
     # the check of what was last done to a storage (forget) still reads its own records only
     assert [doc["revision"] for doc in store.audit_trail(store.MetaState(root), storage="mnt_data")] == [4]
+
+
+def test_an_archive_destroyed_after_the_apply_names_the_approval_of_its_plan(tmp_path):
+    """archived -> destroyed: the plan is empty and the storage's record changes only when the
+    record after the snapshot's deletion runs (tasks/transitions_after.yml); with the plan's context
+    (its digest covers the step) the storage's history names who approved that plan."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "cfg"))
+    rp, state = ebs_root(root)
+    record.record_root(root, rp, "r1", state=state)
+    archived = dict(rp, storages={"mnt_data": dict(rp["storages"]["mnt_data"], requested_state="archived",
+                                                   current_state="active")})
+    record.record_root(root, archived, "r2", state={"resources": []},
+                       done_transitions=[{"storage": "mnt_data", "action": "snapshot", "from": "active", "to": "archived"}])
+    digest = "ab" * 32
+    approvals.approve(root, "storage-aws-ebs", digest, method="auto-approve", approved_by="alice", require_receipt=False)
+    gone = dict(rp, storages={"mnt_data": dict(rp["storages"]["mnt_data"], requested_state="destroyed",
+                                               current_state="archived", archive_snapshot="csis-mnt_data-archive")})
+    context = {"lifecycle": "storage", "root": "storage-aws-ebs", "plan_digest": digest, "run_id": "r3"}
+    step = {"storage": "mnt_data", "action": "delete_archive_snapshot", "from": "archived", "to": "destroyed"}
+    record.record_root(root, gone, "r3", state={"resources": []}, context=context)           # the record after the apply
+    assert store.MetaState(root).load_record("storage-state.yaml", "mnt_data")["state"] == "archived"
+    record.record_root(root, gone, "r3", state={"resources": []}, done_transitions=[step], context=context)
+    assert store.MetaState(root).load_record("storage-state.yaml", "mnt_data")["state"] == "destroyed"
+    lines = store.history_report(root, storage="mnt_data")["lines"]
+    assert any("approval" in line and "alice" in line for line in lines), lines

@@ -296,7 +296,7 @@ def test_only_what_is_merged_on_main_is_approved(env):
     ok = merged(e)
     assert ok["digest"] == binding.rendered_digest(e["proj"]) and ok["main_commit"] == bare_ref(e, "main")
     assert "approved by merge" in ok["message"]
-    assert ok["merged_by"] == git("log", "-1", "--format=%an <%ae>", "main", cwd=e["bare"]) and "<" in ok["merged_by"]
+    assert ok["merged_by"] == "t <t@example.org>" and ok["merge_commit"] == bare_ref(e, "main")
 
     # run output beside the root changes nothing; a changed rendered file is no longer approved
     write(os.path.join(e["proj"], "tfplan"), "another plan")
@@ -307,6 +307,35 @@ def test_only_what_is_merged_on_main_is_approved(env):
     # the destroy case names the delete branch
     with pytest.raises(ws.WorkspaceRefused, match="merge branch delete_storage-aws-ebs into main"):
         merged(e, destroys=1)
+
+
+def test_who_merged_is_the_merge_commits_author_and_nobody_after_a_fast_forward(env):
+    """A later commit on main that does not touch the root does not change who merged it; a
+    fast-forward leaves no merge commit, and git records nobody who merged (not the render's author)."""
+    e = env
+    commit(e)
+    merge_in_clone(e, "update_storage-aws-ebs")
+    merge = bare_ref(e, "main")
+    clone = str(e["tmp"] / "later")
+    git("clone", "-q", "-b", "main", e["bare"], clone, cwd=str(e["tmp"]))
+    write(os.path.join(clone, "README"), "unrelated\n")
+    git("add", "README", cwd=clone)
+    git("-c", "user.name=other", "-c", "user.email=o@example.org", "commit", "-q", "-m", "unrelated", cwd=clone)
+    git("push", "-q", "origin", "main", cwd=clone)
+    ok = merged(e)
+    assert ok["main_commit"] == bare_ref(e, "main") != merge
+    assert ok["merge_commit"] == merge and ok["merged_by"] == "t <t@example.org>"
+
+
+def test_a_fast_forward_records_nobody_as_having_merged(env):
+    e = env
+    res = commit(e)
+    clone = str(e["tmp"] / "ff")
+    git("clone", "-q", "-b", "main", e["bare"], clone, cwd=str(e["tmp"]))
+    git("merge", "-q", "--ff-only", "origin/update_storage-aws-ebs", cwd=clone)
+    git("push", "-q", "origin", "main", cwd=clone)
+    ok = merged(e)
+    assert ok["merge_commit"] == res["commit"] == bare_ref(e, "main") and ok["merged_by"] is None
 
 
 def test_a_workspace_without_a_main_branch_approves_nothing(tmp_path):

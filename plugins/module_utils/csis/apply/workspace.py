@@ -335,8 +335,9 @@ def check_merged(config_root: str, repo: str, *, root: str, lifecycle: str, buil
                  destroys: int = 0, main_branch: str = "main") -> Dict[str, Any]:
     """Refuse (:class:`WorkspaceRefused`, one line naming the root, the branch to merge and the
     repository) unless ``main_branch`` holds exactly the root's rendered files under
-    ``<lifecycle>/<builder>/``. Returns ``digest``, ``main_commit``, ``merged_by`` (the author of
-    ``main_commit``), ``path``, ``branch``."""
+    ``<lifecycle>/<builder>/``. Returns ``digest``, ``main_commit``, ``merge_commit`` (the commit
+    on main's first-parent line that brought the root's files), ``merged_by`` (that commit's author
+    when it is a merge; None after a fast-forward, which records no merger), ``path``, ``branch``."""
     branch = branch_name(root, destroys)
     prefix = workspace_path(lifecycle, builder)
     url = resolve_repo(repo, config_root)
@@ -351,10 +352,15 @@ def check_merged(config_root: str, repo: str, *, root: str, lifecycle: str, buil
         raise WorkspaceRefused("%s: not approved in the git workspace: the rendered root (digest %s) is not merged "
                                "(%s); merge branch %s into %s of %s, then run again"
                                % (root, want[:12], found, branch, main_branch, mask_url(url)))
-    # who merged: the author of main's head (a merge made in a forge's web page is authored by the
-    # person who pressed merge; its committer is the forge)
-    merged_by = _git(["log", "-1", "--format=%an <%ae>", main], clone, check=False).stdout.decode("utf-8", "replace").strip()
+    # who merged: the commit on main's first-parent line that last changed the root's files is the
+    # merge that brought them; a merge commit's author is who merged (a forge's web page authors it
+    # as the person who pressed merge). A fast-forward (or a rebase) leaves no merge commit: the
+    # commit is the render's own, and git records nobody who merged
+    landed = _git(["log", "-1", "--first-parent", "--format=%H%x00%P%x00%an <%ae>", main, "--", prefix], clone,
+                  check=False).stdout.decode("utf-8", "replace").strip().split("\x00")
+    merge_commit = landed[0] if len(landed) == 3 and landed[0] else main
+    merged_by = printable(landed[2])[:200] if len(landed) == 3 and len(landed[1].split()) > 1 else None
     return dict(branch=branch, path=prefix + "/", digest=want, main_commit=main, repo=mask_url(url),
-                merged_by=printable(merged_by)[:200] or None,
+                merge_commit=merge_commit, merged_by=merged_by or None,
                 message="%s: %s of %s holds the rendered root (digest %s): approved by merge"
                 % (root, main_branch, mask_url(url), want[:12]))

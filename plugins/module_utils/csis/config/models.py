@@ -533,7 +533,7 @@ class Networking(Strict):
             raise keyed_error("default_subnet_id", "default_subnet_id %s differs from the subnet marked is_default (%s): "
                               "name one default subnet" % (self.default_subnet_id, marked[0]))
         if marked:
-            self.default_subnet_id = marked[0]
+            self.default_subnet_id = _aws_id(marked[0], "subnet")  # checked as default_subnet_id is
         return self
 
     @field_validator("default_availability_zone")

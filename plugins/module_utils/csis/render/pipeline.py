@@ -87,7 +87,6 @@ def preview(meta: Dict[str, Any], markers: Mapping[str, Any]) -> List[Problem]:
     return problems
 
 
-@_os_errors_named
 def _store_warnings(tree: Any, dry_run: bool) -> List[str]:
     """A real run inside an AWX job (``CSIS_AWX_JOB_ID``, which the playbooks set from ``awx_job_id``)
     on the tree's local meta-state store: what it records is written inside the job's container."""
@@ -101,6 +100,7 @@ def _store_warnings(tree: Any, dry_run: bool) -> List[str]:
             "{backend: s3, ...} in cfg/_config.yml, docs/awx-setup.md)" % (tree.root, printable(job)[:40])]
 
 
+@_os_errors_named
 def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, only_runtime: Optional[str] = None,
            apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
            check_mode: bool = False, want_diff: bool = False, prepare: bool = True, workers: int = 4,
