@@ -7,6 +7,7 @@ releases it when the run ends, even by SIGKILL."""
 from __future__ import annotations
 
 import getpass
+import io
 import os
 import subprocess
 import threading
@@ -157,8 +158,10 @@ class _Bucket:
 
     def __init__(self) -> None:
         self.etag: Any = None
+        self.body = b""
         self.failures: list = []
         self.puts = 0
+        self.lose_answer = False
 
     def put_object(self, **kw: Any) -> Any:
         if self.failures:
@@ -166,8 +169,17 @@ class _Bucket:
         if (kw.get("IfNoneMatch") == "*" and self.etag is not None) or kw.get("IfMatch", self.etag) != self.etag:
             raise _Refused("PreconditionFailed")
         self.puts += 1
-        self.etag = '"%d"' % self.puts
+        self.etag, self.body = '"%d"' % self.puts, kw["Body"]
+        if self.lose_answer:  # the put landed; its answer never came back
+            self.lose_answer = False
+            raise _TimedOut("Read timeout on endpoint URL")
         return {"ETag": self.etag}
+
+    def get_object(self, **kw: Any) -> Any:
+        del kw
+        if self.etag is None:
+            raise _Refused("NoSuchKey")
+        return {"Body": io.BytesIO(self.body), "ETag": self.etag}
 
 
 class _Clock:
@@ -211,10 +223,20 @@ def test_a_store_that_does_not_answer_once_keeps_the_run_lock(monkeypatch: Any, 
     assert lock.renewed == start + runlock.DEFAULT_TTL / 2 + runlock.POLL
 
 
+def test_a_renewal_that_landed_though_its_answer_was_lost_keeps_the_lock(monkeypatch: Any) -> None:
+    """A renewal times out after the store took it: the next one, sent with the old ETag, is
+    refused as a conflict, and the object read back still names this holder: renewed, not lost."""
+    clock, bucket, lock = _held(monkeypatch)
+    start = clock.now
+    bucket.lose_answer = True
+    assert runlock._hold(lock, lambda: clock.now < start + 45, sleep=clock.sleep) is True
+    assert bucket.puts == 2 and lock.etag == bucket.etag  # no put refused as lost; the landed one counts
+
+
 def test_a_run_lock_broken_by_another_run_is_lost_at_once(monkeypatch: Any) -> None:
     clock, bucket, lock = _held(monkeypatch)
     start = clock.now
-    bucket.etag = '"taken by another run"'
+    bucket.etag, bucket.body = '"taken by another run"', b'{"owner": {"pid": 1, "host": "elsewhere"}}'
     assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep) is False
     assert clock.now == start + runlock.DEFAULT_TTL / 2  # at its first renewal
     with pytest.raises(backends.LockLost) as err:

@@ -536,8 +536,25 @@ class S3Lock:
             self.etag = self.objects.put(self.name, self._body(), self.etag)
             self.renewed = start
         except Conflict as exc:
+            if self._landed(start):
+                return
             raise LockLost("%s: this run's lock was broken by another run (it expired), so nothing more "
                            "is written" % self.objects.label(self.name)) from exc
+
+    def _landed(self, start: float) -> bool:
+        """A renewal refused as a conflict may be this very holder's: an earlier put whose answer was
+        lost (a timeout, then the SDK's retry with the old ETag) did land. The object then still names
+        this holder as its owner: take its ETag and count the renewal. A store that does not answer
+        the read raises (not a lost lock: the caller tries again)."""
+        raw, etag = self.objects.get(self.name)
+        try:
+            owner = json.loads((raw or b"").decode("utf-8")).get("owner")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return False
+        if raw is None or etag is None or owner != dict(who(), what=self.what, **self.extra):
+            return False
+        self.etag, self.renewed = etag, start
+        return True
 
     def expired(self) -> bool:
         """Whether the lock's life ran out since it was last renewed: another run may have broken
