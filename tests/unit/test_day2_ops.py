@@ -247,6 +247,9 @@ def test_verdicts_are_combined_recorded_and_read_back(tmp_path):
     ({"checks": ["x"]}, "checks[0] is not"),
     ({"checks": {"name": "x", "ok": True}}, "'checks' is a dict, not a list"),
     ({"checks": [{"name": "x", "ok": True}], "evidence": "abc"}, "'evidence' is a str, not a list"),
+    ({"checks": {}}, "'checks' is a dict, not a list"),
+    ({"checks": False}, "'checks' is a bool, not a list"),
+    ({"checks": [{"name": "x", "ok": True}], "evidence": ""}, "'evidence' is a str, not a list"),
     (["x"], "a list, not a mapping"),
 ])
 def test_an_on_machine_verdict_not_in_its_shape_is_a_failed_check_never_a_pass(on_machine, what):

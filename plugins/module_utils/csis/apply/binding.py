@@ -85,7 +85,7 @@ def _module_dirs(project_path: str) -> List[str]:
     except (OSError, ValueError, RecursionError) as exc:
         raise GateError("cannot read %s: %s" % (path, exc))
     modules = data.get("Modules") if isinstance(data, dict) else None
-    if data is not None and not isinstance(modules, (list, type(None))) or not isinstance(data, (dict, type(None))):
+    if data is not None and (not isinstance(data, dict) or not isinstance(modules, (list, type(None)))):
         raise GateError("cannot read %s: not a module list as terraform init writes it ({\"Modules\": [...]}); "
                         "run terraform init in the root again" % path)
     dirs: List[str] = []

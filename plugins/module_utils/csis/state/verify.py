@@ -257,7 +257,9 @@ def _machine_verdict(on_machine: Any) -> Tuple[List[Dict[str, Any]], List[Any]]:
 
     if not isinstance(on_machine, Mapping):
         return refused("a %s, not a mapping" % type(on_machine).__name__)
-    raw, evidence = on_machine.get("checks") or [], on_machine.get("evidence") or []
+    # absent or null is none; any other value must be a list ({}, "" or false is not understood)
+    raw = [] if on_machine.get("checks") is None else on_machine["checks"]
+    evidence = [] if on_machine.get("evidence") is None else on_machine["evidence"]
     if not isinstance(raw, list):
         return refused("'checks' is a %s, not a list" % type(raw).__name__)
     if not isinstance(evidence, list):
