@@ -95,7 +95,7 @@ PLAY = """\
         instance: no-such-instance
         run_id: r1
       check_mode: true
-      register: no_check_mode
+      register: check_refusal
       ignore_errors: true
 
     - name: A library refusal
@@ -148,7 +148,7 @@ KEEP_PLAY = """\
       ansible.builtin.copy:
         dest: "{{ out }}"
         content: "{{ {'unknown': unknown, 'required_by': required_by, 'checked': checked, 'receipt': receipt,
-                      'refused': refused, 'summary': summary, 'no_check_mode': no_check_mode,
+                      'refused': refused, 'summary': summary, 'check_refusal': check_refusal,
                       'checked_receipt': checked_receipt, 'checked_audit': checked_audit,
                       'preflight': {'warned': preflight_warned, 'refused': preflight_refused}} | to_json }}"
         mode: "0600"
@@ -255,8 +255,8 @@ def test_the_worker_checks_arguments_check_mode_and_environment_as_a_module_proc
     assert got["checked_receipt"]["changed"] is True and got["checked_audit"]["changed"] is True
     assert got["checked_audit"]["revision"] == 0
 
-    assert got["no_check_mode"]["failed"] is True and got["no_check_mode"]["changed"] is False
-    assert "instance 'no-such-instance' is not launched" in got["no_check_mode"]["msg"]
+    assert got["check_refusal"]["failed"] is True and got["check_refusal"]["changed"] is False
+    assert "instance 'no-such-instance' is not launched" in got["check_refusal"]["msg"]
 
     assert got["refused"]["failed"] is True and got["refused"]["changed"] is False
     assert "storage-aws-ebs" in got["refused"]["msg"]

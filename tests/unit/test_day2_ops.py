@@ -385,5 +385,10 @@ def test_the_rest_of_pins_reads_as_a_transaction_reads_it_in_both_layouts(tmp_pa
     record.cancel_upgrade(root, "test2", "r1")  # a commit: per-record from now on
     with ms.transaction("read") as txn:
         split = txn.load_rest("pins.yaml")
+    reads = []
+    get = ms.objects.get
+    ms.objects.get = lambda rel: reads.append(rel) or get(rel)
     assert ms.load_rest("pins.yaml") == split and split["pending_replacements"] == {}
     assert split["upgrades"][-1]["op"] == "upgrade-cancelled"
+    # the rest object alone: no instance's pin record is read
+    assert reads and not [r for r in reads if "test2" in r], reads
