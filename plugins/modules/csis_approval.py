@@ -17,12 +17,15 @@ description:
   - O(state=requested) (the plan job, C(csis_phase=plan)) writes the receipt of a gated plan, keyed
     by its digest (M(csis.infra.csis_gate_plan)'s C(plan_digest)), with O(summary), the requester
     O(by) (AWX's C(awx_user_name); the OS user when not given), O(job), O(workflow) and the time.
+    Every named O(by) that planned the same digest is kept in C(requesters); a request without a
+    name (a job a schedule launched) is kept in C(unnamed_requesters) and is no requester.
   - O(state=approved) checks, in this order, and refuses with one line naming the root otherwise
     - O(pinned), when given (the digest the plan job published and AWX passed on as
     C(csis_approved_plans)), equals O(plan_digest) (C(the plan differs from the one approved in
     the plan job)); with O(require_receipt) the store holds a plan job's receipt for O(plan_digest)
     (a bare digest passed as an extra var approves nothing); with O(distinct_approver) the approver
-    O(by) differs from the receipt's requester, and a V(prompt) or V(auto-approve) run, where one
+    O(by) is named and none of the receipt's C(requesters), a receipt without any (only plan jobs
+    AWX passed no C(awx_user_name)) is refused, and a V(prompt) or V(auto-approve) run, where one
     person is both, is refused. Then it appends the approval (approver, time, O(method), O(job),
     O(workflow), O(run_id)) to the receipt, writing the receipt first when there was none (a terminal
     run receipts and approves its own plan).

@@ -217,3 +217,33 @@ def test_a_second_requester_of_the_same_plan_does_not_open_the_two_person_rule(t
     assert done["receipt"]["requesters"] == ["alice", "bob"]
     # a receipt written before the list existed counts its requested_by
     assert approvals._requesters({"requested_by": "dave"}) == ["dave"]
+
+
+def test_a_plan_job_awx_passed_no_name_is_no_requester_the_two_person_rule_can_check(tree, monkeypatch):
+    """A plan job without awx_user_name (a schedule's, or one outside AWX) runs as the execution
+    node's OS user: the receipt names that user, but not as a requester. Under distinct_approver
+    a plan that only such jobs asked for is refused to every launcher (before, the OS user was
+    the requester, and anyone but "runner" could approve); once a named user plans the same
+    changes, the rule holds against her. Without the rule, anyone may approve it, as before."""
+    monkeypatch.setattr(approvals, "os_user", lambda: "runner")
+    receipt = approvals.request(tree, "storage-aws-ebs", D1, job="41")
+    assert (receipt["requested_by"], receipt["requesters"], receipt["unnamed_requesters"]) == ("runner", [], ["runner"])
+    for by in ("bob", "runner"):
+        with pytest.raises(approvals.ApprovalRefused) as exc:
+            approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by=by, pinned=D1,
+                              distinct_approver=True)
+        assert ("storage-aws-ebs: approvals.distinct_approver is set (cfg/_config.yml): no plan job of this plan was "
+                "launched by a named user (AWX passed no awx_user_name; it ran as OS user runner: a schedule, or a run "
+                "outside AWX)") in str(exc.value)
+    assert approvals.receipts_of(tree, "storage-aws-ebs")[D1].get("approvals", []) == []
+    # alice plans the same changes: she is the requester the rule checks; the unnamed request stays recorded
+    receipt = approvals.request(tree, "storage-aws-ebs", D1, requested_by="alice", job="42")
+    assert (receipt["requesters"], receipt["unnamed_requesters"]) == (["alice"], ["runner"])
+    with pytest.raises(approvals.ApprovalRefused, match=r"launcher \(alice\) must differ from the plan job's requester \(alice\)"):
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="alice", pinned=D1, distinct_approver=True)
+    assert approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1,
+                             distinct_approver=True)["approval"]["approved_by"] == "bob"
+    # without the rule an unnamed plan job's plan is approved as before
+    approvals.request(tree, "storage-aws-ebs", D2, job="43")
+    assert approvals.approve(tree, "storage-aws-ebs", D2, method="awx", approved_by="bob", pinned=D2)["receipt"][
+        "requested_by"] == "runner"

@@ -107,7 +107,12 @@ def _record(tx: Any, root_key: str) -> Dict[str, Any]:
 def request(config_root: str, root_key: str, digest: str, *, summary: str = "", requested_by: Optional[str] = None,
             job: Optional[str] = None, workflow: Optional[str] = None, run_id: Optional[str] = None,
             lifecycle: Optional[str] = None, check_mode: bool = False) -> Dict[str, Any]:
-    """Write (or refresh) the receipt of ``digest`` for ``root_key``. Returns it."""
+    """Write (or refresh) the receipt of ``digest`` for ``root_key``. Returns it.
+
+    ``requested_by``: the plan job's launcher as AWX passes it (``awx_user_name``). Without it (a
+    job a schedule launched, a run outside AWX) the receipt names the OS user, but as an unnamed
+    request (``unnamed_requesters``), not as one of ``requesters``: the OS user of an execution
+    node is nobody's name, so ``approvals.distinct_approver`` cannot check it against an approver."""
     _check_digest(root_key, digest, "receipt")
     receipt = {"requested_by": requested_by or os_user(), "requested_at": now_iso(), "plan_job": job,
                "workflow": workflow, "run": run_id, "lifecycle": lifecycle, "summary": summary}
@@ -123,9 +128,13 @@ def request(config_root: str, root_key: str, digest: str, *, summary: str = "", 
         # everyone who asked for this very plan (a later plan job of the same digest refreshes the
         # receipt): approvals.distinct_approver refuses an approver who is any of them
         requesters = _requesters(old)
-        if receipt["requested_by"] not in requesters:
-            requesters.append(receipt["requested_by"])
+        unnamed = [u for u in old.get("unnamed_requesters") or [] if isinstance(u, str) and u]
+        mine = requesters if requested_by else unnamed
+        if receipt["requested_by"] not in mine:
+            mine.append(receipt["requested_by"])
         receipt["requesters"] = requesters[-KEEP:]
+        if unnamed:
+            receipt["unnamed_requesters"] = unnamed[-KEEP:]
         rec["plans"][digest] = receipt
         rec["plans"] = _trim(rec["plans"])
         tx.save_record(RECEIPTS, receipt_key(root_key), rec)
@@ -133,13 +142,13 @@ def request(config_root: str, root_key: str, digest: str, *, summary: str = "", 
 
 
 def _requesters(receipt: Mapping[str, Any]) -> List[str]:
-    """Who asked for a receipted plan: its ``requesters`` (receipts written before there was such
-    a list: its ``requested_by``)."""
-    found = [r for r in receipt.get("requesters") or [] if isinstance(r, str) and r]
+    """Who asked for a receipted plan, by the names AWX passed: its ``requesters`` (a receipt
+    written before there was such a list: its ``requested_by``). A plan job that AWX passed no
+    name is not among them (``unnamed_requesters``)."""
+    if "requesters" in receipt:
+        return [r for r in receipt.get("requesters") or [] if isinstance(r, str) and r]
     last = receipt.get("requested_by")
-    if isinstance(last, str) and last and last not in found:
-        found.append(last)
-    return found
+    return [last] if isinstance(last, str) and last else []
 
 
 def approve(config_root: str, root_key: str, digest: str, *, method: str, approved_by: Optional[str] = None,
@@ -182,7 +191,15 @@ def approve(config_root: str, root_key: str, digest: str, *, method: str, approv
                     "requester, and a %s run is both; apply through a plan job and an apply job launched by someone "
                     "else (docs/awx.md); not applying" % (root_key, "prompted" if method == "prompt" else "self-approved"))
             requesters = _requesters(out)
-            if not requesters or not approved_by or approved_by in requesters:
+            if not requesters:
+                unnamed = [u for u in out.get("unnamed_requesters") or [] if isinstance(u, str) and u]
+                raise ApprovalRefused(
+                    "%s: approvals.distinct_approver is set (cfg/_config.yml): no plan job of this plan was launched "
+                    "by a named user (AWX passed no awx_user_name%s: a schedule, or a run outside AWX), so whether "
+                    "its requester differs from the apply job's launcher cannot be checked; run the plan job as a "
+                    "user, then the apply job as another; not applying"
+                    % (root_key, "; it ran as OS user %s" % ", ".join(unnamed) if unnamed else ""))
+            if not approved_by or approved_by in requesters:
                 raise ApprovalRefused(
                     "%s: approvals.distinct_approver is set (cfg/_config.yml): the apply job's launcher (%s) must differ "
                     "from the plan job's requester (%s); not applying"
