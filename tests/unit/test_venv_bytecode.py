@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VENV = os.path.join(REPO, ".venv")
 
 #: what an ansible-playbook start, the csis modules in the controller and the suite import
-IMPORTED_BY_EVERY_RUN = ("ansible.cli.playbook", "ansible._internal._templating._engine", "jinja2.environment",
+IMPORTED_BY_EVERY_RUN = ("ansible.cli.playbook", "ansible.template", "jinja2.environment",
                          "yaml.constructor", "pydantic.main", "botocore.session", "boto3.session")
 
 
