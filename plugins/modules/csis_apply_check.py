@@ -21,6 +21,9 @@ description:
   - A flag is V(true)/V(false) (null means false, but for C(apply_identity), where it means not
     set) or a list of builder/runtime names (the root or one of O(root_alias) must be listed). Anything else, such as the quoted string C("false"),
     is refused naming the file and key.
+  - First, the run must still hold its tree - when the watcher of an S3 run lock (M(csis.infra.csis_run_lock))
+    lost it (another run broke it after it expired unrenewed, or the store did not renew it within its life), the
+    check refuses with C(this run's lock on the tree was lost at <time> (<why>)).
   - >-
     Refusals: C(apply-check: no cfg/_config.yml found from the working directory up; refusing to apply),
     C(apply-check: overlay <path> is gone; refusing to apply),
@@ -115,9 +118,11 @@ files_read:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.applycheck import check_apply
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.runlock import check_held
 
 
 def _check(module, p):
+    check_held()  # the run still holds its tree (an S3 run lock can be lost mid-run)
     return dict(check_apply(p['lifecycle'], root=p['root'], root_alias=p['root_alias'], overlays=p['overlays'],
                             apply_runtime=p['apply_runtime'], config_root=p['config_root'], search_from=p['search_from']),
                 changed=False)

@@ -374,3 +374,46 @@ def test_history_playbook_shows_each_step_and_a_record_as_of_a_revision(checkout
     assert "r2 " in out and 'changed launch-params.yaml/web [set alias second] -- alias: "first" -> "second"' in out
     assert "History of s3://%s/%s/meta-state (revision 2)" % (local_aws.STATE_BUCKET, checkouts.prefix) in out
     assert "launch-params.yaml: alias: first" in out and "revision: 1" in out  # as of revision 1
+
+
+def test_a_run_whose_s3_run_lock_was_broken_applies_nothing_more(checkouts, aws_env, moto_endpoint, monkeypatch):
+    """The run lock's watcher, a real process holding the lock in the S3 store, finds it broken by
+    another run (here: the object overwritten with another holder, as a run does that breaks an
+    expired lock). It leaves word for the run: the run's next lifecycle takes the tree no more, and
+    its apply check refuses (``runlock.check_held``, what ``csis_apply_check`` runs first)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis import procs
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
+
+    monkeypatch.setenv("CSIS_RUN_LOCK_TTL", "2")  # the watcher renews every second
+    root = str(checkouts("a"))
+    ctl = {"pid": os.getpid(), "start": procs.stat_fields(os.getpid())[19], "playbooks": ["storage.yml"]}
+    marker = runlock.lost_marker(ctl)
+    try:
+        held = runlock.acquire(root, timeout=10, ctl=ctl)
+        assert held["reentered"] is False and runlock.lost(ctl) is None
+        runlock.check_held(ctl)  # held: nothing to refuse
+        s3 = moto_endpoint.client("s3")
+        key = [k for k in _s3_keys(moto_endpoint, checkouts.prefix) if k.endswith(runlock.RUN_LOCK_NAME)]
+        assert len(key) == 1, key
+        other = {"owner": {"pid": 1, "host": "another-node", "what": "csis.infra run: storage.yml"},
+                 "created": "2026-12-06T00:00:00Z", "expires_epoch": time.time() + 600}
+        s3.put_object(Bucket=local_aws.STATE_BUCKET, Key="%s/%s" % (checkouts.prefix, key[0]),
+                      Body=json.dumps(other).encode("utf-8"))
+        deadline = time.monotonic() + 30
+        while runlock.lost(ctl) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        msg = runlock.lost(ctl)
+        assert msg and msg.startswith("s3://%s/%s/meta-state/.run.lock: this run's lock on the tree was lost at "
+                                      % (local_aws.STATE_BUCKET, checkouts.prefix)), msg
+        assert "(another run broke it after it expired unrenewed): another run may be working on this tree now" in msg
+        with pytest.raises(runlock.RunLockLost) as refused:  # the apply check
+            runlock.check_held(ctl)
+        assert str(refused.value) == msg
+        with pytest.raises(runlock.RunLockLost):  # the run's next lifecycle
+            runlock.acquire(root, timeout=1, ctl=ctl)
+        # the other run's lock is as it wrote it: the watcher gave the tree up and deleted nothing
+        body = json.loads(s3.get_object(Bucket=local_aws.STATE_BUCKET, Key="%s/%s" % (checkouts.prefix, key[0]))["Body"].read())
+        assert body["owner"]["host"] == "another-node"
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)

@@ -12,7 +12,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import Any, List
 
 import pytest
 
@@ -237,7 +237,9 @@ def test_a_run_lock_broken_by_another_run_is_lost_at_once(monkeypatch: Any) -> N
     clock, bucket, lock = _held(monkeypatch)
     start = clock.now
     bucket.etag, bucket.body = '"taken by another run"', b'{"owner": {"pid": 1, "host": "elsewhere"}}'
-    assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep) is False
+    why: List[str] = []
+    assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep, on_lost=why.append) is False
+    assert why == ["another run broke it after it expired unrenewed"]  # what the run is told (runlock.lost)
     assert clock.now == start + runlock.DEFAULT_TTL / 2  # at its first renewal
     with pytest.raises(backends.LockLost) as err:
         lock.refresh()
@@ -252,7 +254,9 @@ def test_a_store_that_does_not_answer_for_the_locks_life_loses_it(monkeypatch: A
     clock, bucket, lock = _held(monkeypatch)
     start = clock.now
     bucket.failures.extend([_Refused("InternalError")] * 1000)
-    assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep) is False
+    why: List[str] = []
+    assert runlock._hold(lock, lambda: clock.now < start + 600, sleep=clock.sleep, on_lost=why.append) is False
+    assert len(why) == 1 and why[0].startswith("the store did not renew it within its life: ")
     assert clock.now == start + runlock.DEFAULT_TTL
     tries = 1000 - len(bucket.failures)
     assert tries == runlock.DEFAULT_TTL / 2 / runlock.POLL + 1 and bucket.puts == 1

@@ -33,10 +33,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .. import procs
+from .. import clock, fsutil, procs
 from .backends import (FileLock, LocalObjects, LockBusy, LockLost, MetaStateError, S3Lock, holder_text, open_objects,
                        require_tree)
 
@@ -54,6 +55,10 @@ KNOB = "csis_run_lock_timeout"
 
 class RunLockBusy(LockBusy):
     """Another run holds the tree (the message names it)."""
+
+
+class RunLockLost(MetaStateError):
+    """This run's S3 run lock was lost while the run went on (the message says when and why)."""
 
 
 # --------------------------------------------------------------------------- the run's process
@@ -177,6 +182,7 @@ def acquire(config_root: str, timeout: float = DEFAULT_TIMEOUT, what: str = "csi
     require_tree(config_root)
     objects = open_objects(config_root)
     ctl = ctl or controller()
+    check_held(ctl)  # a run whose lock was lost takes the tree for no further lifecycle
     where = objects.label(RUN_LOCK_NAME)
     current = holder(objects)
     if _same_run(current, ctl):
@@ -236,6 +242,58 @@ def peek(config_root: str, timeout: float = DEFAULT_TIMEOUT, ctl: Optional[Dict[
     return {"where": where, "holder": other, "notices": notices, "controller": _public(ctl)}
 
 
+# --------------------------------------------------------------------------- a lock the run lost
+def lost_marker(ctl: Dict[str, Any]) -> str:
+    """Where the watcher leaves word that the run ``ctl`` lost its lock: a file on the controller's
+    host (the watcher runs there), named by the run's ``ansible-playbook`` pid and start time, so no
+    other run (a reused pid included) reads it."""
+    return os.path.join(tempfile.gettempdir(), "csis-run-lock-lost-%s-%s.json" % (ctl["pid"], ctl["start"]))
+
+
+def _mark_lost(ctl: Dict[str, Any], where: str, why: str) -> None:
+    """The watcher's word that the run's lock is gone (never raises: the watcher has no one to tell)."""
+    try:
+        fsutil.write_atomic(lost_marker(ctl), json.dumps({"where": where, "at": clock.now(), "why": why}).encode("utf-8"),
+                            mode=0o600)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def lost(ctl: Dict[str, Any]) -> Optional[str]:
+    """What the run ``ctl`` must know when its watcher lost the run lock, else None.
+
+    An S3 run lock that another run broke (it expired first), or that the store did not renew
+    within its life, no longer keeps other runs off the tree, while this run goes on. The steps
+    that act on the tree from then on (taking the lock for the next lifecycle, the apply check)
+    refuse with this message; a record of what an apply already did still goes ahead (the
+    meta-state transaction lock guards it, and it is true)."""
+    try:
+        with open(lost_marker(ctl), "r", encoding="utf-8") as fh:
+            info = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    return ("%s: this run's lock on the tree was lost at %s (%s): another run may be working on this tree now, "
+            "so this run applies nothing more; what it applied is recorded. Look at what the other run did "
+            "(playbooks/history.yml), then run again"
+            % (info.get("where") or RUN_LOCK_NAME, info.get("at") or "an unknown time", info.get("why") or "no reason recorded"))
+
+
+def check_held(ctl: Optional[Dict[str, Any]] = None) -> None:
+    """Raise :class:`RunLockLost` when the run ``ctl`` (default: this process's run) lost its lock."""
+    if ctl is None:
+        try:
+            ctl = controller()
+        except MetaStateError:
+            return  # no run to speak of (no /proc): nothing a watcher could have marked
+    msg = lost(ctl)
+    if msg:
+        raise RunLockLost(msg)
+
+
 def _public(ctl: Dict[str, Any]) -> Dict[str, Any]:
     """The run's process as the roles pass it on (``watch``: ``CSIS_TF_WATCH`` of csis-tf-supervise)."""
     return {"pid": ctl["pid"], "start": ctl["start"], "watch": "%s:%s" % (ctl["pid"], ctl["start"])}
@@ -254,20 +312,26 @@ def _close_fds(keep: int) -> None:
                 pass
 
 
-def _hold(lock: Any, living: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> bool:
+def _hold(lock: Any, living: Callable[[], bool], sleep: Callable[[float], None] = time.sleep,
+          on_lost: Optional[Callable[[str], None]] = None) -> bool:
     """Hold ``lock`` while ``living()``, renewing it every :data:`POLL` seconds. True: the run
-    ended and the lock is still held (release it); False: it was lost, nothing left to hold."""
+    ended and the lock is still held (release it); False: it was lost, nothing left to hold
+    (``on_lost`` is told why first)."""
     while living():
         sleep(POLL)
         try:
             lock.refresh()
         except LockLost:
+            if on_lost is not None:
+                on_lost("another run broke it after it expired unrenewed")
             return False
-        except MetaStateError:
+        except MetaStateError as exc:
             # the store did not answer (a timeout, a 5xx): the object is still this run's until its
             # life runs out, so the next poll renews it; giving up here would free the tree mid-run
-            if lock.expired():
-                return False  # not renewed within its life: another run may have broken it
+            if lock.expired():  # not renewed within its life: another run may have broken it
+                if on_lost is not None:
+                    on_lost("the store did not renew it within its life: %s" % str(exc)[:300])
+                return False
     return True
 
 
@@ -311,7 +375,8 @@ def _watch(objects: Any, ctl: Dict[str, Any], timeout: float, what: str, extra: 
         os.close(write_end)
         if lock is None:
             os._exit(0)
-        if not _hold(lock, lambda: alive(ctl["pid"], ctl["start"])):
+        where = objects.label(RUN_LOCK_NAME)
+        if not _hold(lock, lambda: alive(ctl["pid"], ctl["start"]), on_lost=lambda why: _mark_lost(ctl, where, why)):
             lock = None  # broken by another run, or expired unrenewed: nothing left to hold
     except BaseException:  # noqa: BLE001 - SystemExit from SIGTERM included: release, then end
         pass
