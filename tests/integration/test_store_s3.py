@@ -406,10 +406,10 @@ def test_a_run_whose_s3_run_lock_was_broken_applies_nothing_more(checkouts, aws_
         assert msg and msg.startswith("s3://%s/%s/meta-state/.run.lock: this run's lock on the tree was lost at "
                                       % (local_aws.STATE_BUCKET, checkouts.prefix)), msg
         assert "(another run broke it after it expired unrenewed): another run may be working on this tree now" in msg
-        with pytest.raises(runlock.RunLockLost) as refused:  # the apply check
+        with pytest.raises(runlock.LockLost) as refused:  # the apply check
             runlock.check_held(ctl)
         assert str(refused.value) == msg
-        with pytest.raises(runlock.RunLockLost):  # the run's next lifecycle
+        with pytest.raises(runlock.LockLost):  # the run's next lifecycle
             runlock.acquire(root, timeout=1, ctl=ctl)
         # the other run's lock is as it wrote it: the watcher gave the tree up and deleted nothing
         body = json.loads(s3.get_object(Bucket=local_aws.STATE_BUCKET, Key="%s/%s" % (checkouts.prefix, key[0]))["Body"].read())

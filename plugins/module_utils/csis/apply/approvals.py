@@ -128,7 +128,7 @@ def request(config_root: str, root_key: str, digest: str, *, summary: str = "", 
         # everyone who asked for this very plan (a later plan job of the same digest refreshes the
         # receipt): approvals.distinct_approver refuses an approver who is any of them
         requesters = _requesters(old)
-        unnamed = [u for u in old.get("unnamed_requesters") or [] if isinstance(u, str) and u]
+        unnamed = _unnamed(old)
         mine = requesters if requested_by else unnamed
         if receipt["requested_by"] not in mine:
             mine.append(receipt["requested_by"])
@@ -149,6 +149,11 @@ def _requesters(receipt: Mapping[str, Any]) -> List[str]:
         return [r for r in receipt.get("requesters") or [] if isinstance(r, str) and r]
     last = receipt.get("requested_by")
     return [last] if isinstance(last, str) and last else []
+
+
+def _unnamed(receipt: Mapping[str, Any]) -> List[str]:
+    """The OS users of the plan jobs of a receipted plan that AWX passed no name (not requesters)."""
+    return [u for u in receipt.get("unnamed_requesters") or [] if isinstance(u, str) and u]
 
 
 def approve(config_root: str, root_key: str, digest: str, *, method: str, approved_by: Optional[str] = None,
@@ -192,7 +197,7 @@ def approve(config_root: str, root_key: str, digest: str, *, method: str, approv
                     "else (docs/awx.md); not applying" % (root_key, "prompted" if method == "prompt" else "self-approved"))
             requesters = _requesters(out)
             if not requesters:
-                unnamed = [u for u in out.get("unnamed_requesters") or [] if isinstance(u, str) and u]
+                unnamed = _unnamed(out)
                 raise ApprovalRefused(
                     "%s: approvals.distinct_approver is set (cfg/_config.yml): no plan job of this plan was launched "
                     "by a named user (AWX passed no awx_user_name%s: a schedule, or a run outside AWX), so whether "

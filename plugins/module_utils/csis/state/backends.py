@@ -482,9 +482,13 @@ class S3Lock:
         self.etag: Optional[str] = None
         self.renewed = 0.0
 
+    def _owner(self) -> Dict[str, Any]:
+        """Who holds the lock, as its object names the holder."""
+        return dict(who(), what=self.what, **self.extra)
+
     def _body(self) -> bytes:
         created = time.time()
-        info = {"owner": dict(who(), what=self.what, **self.extra), "created": now_iso(),
+        info = {"owner": self._owner(), "created": now_iso(),
                 "expires": _dt.datetime.fromtimestamp(created + self.ttl, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "expires_epoch": created + self.ttl}
         return (json.dumps(info, sort_keys=True) + "\n").encode("utf-8")
@@ -551,7 +555,7 @@ class S3Lock:
             owner = json.loads((raw or b"").decode("utf-8")).get("owner")
         except (ValueError, AttributeError, UnicodeDecodeError):
             return False
-        if raw is None or etag is None or owner != dict(who(), what=self.what, **self.extra):
+        if raw is None or etag is None or owner != self._owner():
             return False
         self.etag, self.renewed = etag, start
         return True

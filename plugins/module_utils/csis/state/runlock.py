@@ -57,10 +57,6 @@ class RunLockBusy(LockBusy):
     """Another run holds the tree (the message names it)."""
 
 
-class RunLockLost(MetaStateError):
-    """This run's S3 run lock was lost while the run went on (the message says when and why)."""
-
-
 # --------------------------------------------------------------------------- the run's process
 def _is_playbook(argv: List[str]) -> bool:
     return any(os.path.basename(a).startswith("ansible-playbook") for a in argv[:2])
@@ -283,7 +279,8 @@ def lost(ctl: Dict[str, Any]) -> Optional[str]:
 
 
 def check_held(ctl: Optional[Dict[str, Any]] = None) -> None:
-    """Raise :class:`RunLockLost` when the run ``ctl`` (default: this process's run) lost its lock."""
+    """Raise :class:`~.backends.LockLost` (the message says when and why) when the run ``ctl``
+    (default: this process's run) lost its run lock while it went on."""
     if ctl is None:
         try:
             ctl = controller()
@@ -291,7 +288,7 @@ def check_held(ctl: Optional[Dict[str, Any]] = None) -> None:
             return  # no run to speak of (no /proc): nothing a watcher could have marked
     msg = lost(ctl)
     if msg:
-        raise RunLockLost(msg)
+        raise LockLost(msg)
 
 
 def _public(ctl: Dict[str, Any]) -> Dict[str, Any]:
