@@ -208,6 +208,34 @@ def test_a_killed_holders_lock_expires_and_is_broken(checkouts, aws_env):
     assert sorted(ms.load(LP)["instances"]) == ["next"]  # the killed holder committed nothing
 
 
+def test_a_lock_expires_by_the_stores_clock_not_the_holders(checkouts, moto_endpoint):
+    """Whether a lock expired is read by the store's clock (the object's age: its Date less its
+    Last-Modified, both the store's) against the life its holder wrote: a live lock of a node whose
+    clock is an hour behind (its expiry an hour past by this machine's clock) is not broken, and a
+    lock unrenewed past its life is broken though its holder's clock put its expiry far ahead."""
+    b = checkouts("b")
+    s3 = moto_endpoint.client("s3")
+    key = "%s/meta-state/.lock" % checkouts.prefix
+
+    def lock_of(pid, ttl, expires_epoch):
+        return json.dumps({"owner": {"pid": pid, "host": "skewed-node", "what": "holder"}, "ttl": ttl,
+                           "created": "2026-12-06T00:00:00Z", "expires": "2026-12-06T00:01:00Z",
+                           "expires_epoch": expires_epoch}).encode("utf-8")
+
+    s3.put_object(Bucket=local_aws.STATE_BUCKET, Key=key, Body=lock_of(101, 60, time.time() - 3600))
+    with pytest.raises(MetaStateError, match=r"meta-state is locked by pid 101 on host skewed-node"):
+        with MetaState(str(b), lock_timeout=0.5).transaction("impatient"):
+            pytest.fail("broke a live lock by its holder's clock")
+    assert b"skewed-node" in s3.get_object(Bucket=local_aws.STATE_BUCKET, Key=key)["Body"].read()
+
+    s3.put_object(Bucket=local_aws.STATE_BUCKET, Key=key, Body=lock_of(102, 1, time.time() + 3600))
+    time.sleep(2.2)  # its life (1 s) and the store clock's grain (1 s) gone, unrenewed
+    ms = MetaState(str(b), lock_timeout=5)
+    with ms.transaction("after its life") as txn:
+        txn.save_record(LP, "next", {"launched": True})
+    assert len(ms.notices) == 1 and "broke the expired lock of pid 102" in ms.notices[0], ms.notices
+
+
 def test_a_lost_update_is_refused_and_overwrites_nothing(checkouts, aws_env):
     a, b = MetaState(str(checkouts("a"))), MetaState(str(checkouts("b")))
     with a.transaction() as txn:
@@ -380,13 +408,15 @@ def test_a_run_whose_s3_run_lock_was_broken_applies_nothing_more(checkouts, aws_
     """The run lock's watcher, a real process holding the lock in the S3 store, finds it broken by
     another run (here: the object overwritten with another holder, as a run does that breaks an
     expired lock). It leaves word for the run: the run's next lifecycle takes the tree no more, and
-    its apply check refuses (``runlock.check_held``, what ``csis_apply_check`` runs first)."""
+    its apply check refuses (``runlock.check_held``, what ``csis_apply_check`` runs first). When
+    the run ends, the word goes with it."""
     from ansible_collections.csis.infra.plugins.module_utils.csis import procs
     from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
 
     monkeypatch.setenv("CSIS_RUN_LOCK_TTL", "2")  # the watcher renews every second
     root = str(checkouts("a"))
-    ctl = {"pid": os.getpid(), "start": procs.stat_fields(os.getpid())[19], "playbooks": ["storage.yml"]}
+    run = subprocess.Popen(["sleep", "600"])  # the run's ansible-playbook: the watcher watches it
+    ctl = {"pid": run.pid, "start": procs.stat_fields(run.pid)[19], "playbooks": ["storage.yml"]}
     marker = runlock.lost_marker(ctl)
     try:
         held = runlock.acquire(root, timeout=10, ctl=ctl)
@@ -414,6 +444,16 @@ def test_a_run_whose_s3_run_lock_was_broken_applies_nothing_more(checkouts, aws_
         # the other run's lock is as it wrote it: the watcher gave the tree up and deleted nothing
         body = json.loads(s3.get_object(Bucket=local_aws.STATE_BUCKET, Key="%s/%s" % (checkouts.prefix, key[0]))["Body"].read())
         assert body["owner"]["host"] == "another-node"
+        # the run ends: the watcher, which outlived the lock to keep its word, removes the marker
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 30
+        while os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(marker)
     finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
         if os.path.exists(marker):
             os.unlink(marker)

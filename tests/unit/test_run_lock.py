@@ -260,3 +260,42 @@ def test_a_store_that_does_not_answer_for_the_locks_life_loses_it(monkeypatch: A
     assert clock.now == start + runlock.DEFAULT_TTL
     tries = 1000 - len(bucket.failures)
     assert tries == runlock.DEFAULT_TTL / 2 / runlock.POLL + 1 and bucket.puts == 1
+
+
+def test_the_lost_word_stays_while_the_run_lives_and_goes_with_it(monkeypatch: Any, tmp_path: Any) -> None:
+    """The watcher outlives a lost lock to keep its marker for the run's later steps, and removes it
+    once the run ended (no temporary directory fills with them)."""
+    monkeypatch.setattr(runlock.tempfile, "tempdir", str(tmp_path))
+    ctl = {"pid": 4242, "start": "777"}
+    runlock._mark_lost(ctl, "s3://b/p/meta-state/.run.lock", "another run broke it after it expired unrenewed")
+    marker = runlock.lost_marker(ctl)
+    seen: List[bool] = []
+    lives = iter([True, True, False])
+
+    def living() -> bool:
+        seen.append(os.path.exists(marker))
+        return next(lives)
+
+    runlock._clear_lost_when_done(ctl, living, sleep=lambda _s: None)
+    assert seen == [True, True, True]  # there while the run lived, read by its later steps
+    assert not os.path.exists(marker) and runlock.lost(ctl) is None
+
+
+def test_a_lock_expires_by_the_stores_clock_when_it_tells_one() -> None:
+    """The object's age by the store's clock against the life its holder wrote; the holder's
+    ``expires_epoch`` against this machine's clock only when either is missing."""
+    import datetime as dt
+
+    put = dt.datetime(2026, 12, 6, 12, 0, 0, tzinfo=dt.timezone.utc)
+    answer = {"LastModified": put, "ResponseMetadata": {"HTTPHeaders": {"date": "Sun, 06 Dec 2026 12:00:45 GMT"}}}
+    assert backends.object_age(answer) == 45.0
+    assert backends.object_age({"LastModified": put}) is None and backends.object_age({}) is None
+    now = 1.8e9
+    behind = {"ttl": 60, "expires_epoch": now - 3600}  # a holder whose clock is an hour behind
+    ahead = {"ttl": 60, "expires_epoch": now + 3600}  # ... an hour ahead
+    assert not backends.lock_expired(behind, 45.0, now) and backends.lock_expired(ahead, 61.0, now)
+    assert not backends.lock_expired(ahead, 60.5, now)  # within the store clock's grain: not yet
+    # a lock an older csis.infra wrote (no ttl), or an answer without the store's time: the holder's epoch
+    assert backends.lock_expired({"expires_epoch": now - 1}, 5.0, now)
+    assert not backends.lock_expired({"ttl": 60, "expires_epoch": now + 1}, None, now)
+    assert backends.lock_expired({}, 5.0, now) and backends.lock_expired({"ttl": True, "expires_epoch": "x"}, 5.0, now)

@@ -17,7 +17,9 @@ nothing else; what they mean (records, revisions, the audit trail) is :mod:`.sto
   environment, never stored). The lock is the object ``meta-state/.lock``, created with
   ``PutObject(IfNoneMatch="*")``; it names its holder and expires (``CSIS_META_STATE_LOCK_TTL``,
   120 s by default; its holder renews it while it commits). An expired lock is broken with
-  a notice (``DeleteObject(IfMatch=<its ETag>)``).
+  a notice (``DeleteObject(IfMatch=<its ETag>)``). Whether it expired is read by the store's
+  own clock (:func:`lock_expired`: the object's age, its ``Date`` less its ``Last-Modified``,
+  against the life its holder wrote), so a machine whose clock is off breaks no live lock.
 
 Both give every object a *version* (the local file's identity and size/times, the S3 ETag):
 :meth:`put` and :meth:`delete` take the version the writer read (``expect``) and raise
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import email.utils
 import errno
 import fcntl
 import getpass
@@ -85,6 +88,48 @@ class LockLost(MetaStateError):
 
 class Conflict(MetaStateError):
     """An object changed since the transaction read it: the write was refused, nothing overwritten."""
+
+
+#: the store's clock counts whole seconds (``Last-Modified``, ``Date``): a lock counts as expired
+#: one second after its life by that clock, so the rounding never breaks a lock early
+STORE_CLOCK_GRAIN = 1.0
+
+
+def object_age(resp: Mapping[str, Any]) -> Optional[float]:
+    """Seconds since the object of a ``GetObject`` answer was last written, by the store's clock
+    alone (its ``Date`` header less its ``LastModified``); None when the answer has either not."""
+    try:
+        date = email.utils.parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"])
+        return (date - resp["LastModified"]).total_seconds()
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None
+
+
+def lock_expired(info: Mapping[str, Any], age: Optional[float], now: Optional[float] = None) -> bool:
+    """Whether the life of a lock object (``info``: its body) ran out unrenewed.
+
+    By the store's clock when the answer told the object's ``age`` (:func:`object_age`) and the
+    holder wrote its lock's life (``ttl``): neither the holder's clock nor this machine's counts, so
+    a node whose clock is off (an AWX execution node, a paused virtual machine) breaks no live lock.
+    Otherwise (a lock an older csis.infra wrote, a store that tells no time) by the holder's
+    ``expires_epoch`` against this machine's clock (``now``). A body without either is not a lock
+    csis.infra wrote: expired."""
+    ttl = info.get("ttl")
+    if age is not None and isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0:
+        return age >= ttl + STORE_CLOCK_GRAIN
+    try:
+        return (time.time() if now is None else now) >= float(info.get("expires_epoch"))
+    except (TypeError, ValueError):
+        return True
+
+
+def lock_body(raw: bytes) -> Dict[str, Any]:
+    """A lock object's body as csis.infra writes it; {} when it is not one."""
+    try:
+        info = json.loads(raw.decode("utf-8"))
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def now_iso() -> str:
@@ -490,7 +535,7 @@ class S3Lock:
         created = time.time()
         info = {"owner": self._owner(), "created": now_iso(),
                 "expires": _dt.datetime.fromtimestamp(created + self.ttl, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "expires_epoch": created + self.ttl}
+                "expires_epoch": created + self.ttl, "ttl": self.ttl}
         return (json.dumps(info, sort_keys=True) + "\n").encode("utf-8")
 
     def acquire(self) -> None:
@@ -505,15 +550,11 @@ class S3Lock:
                 return
             except Conflict:
                 pass
-            raw, etag = self.objects.get(self.name)
+            raw, etag, age = self.objects.read_lock(self.name)
             if raw is None:
                 continue  # released meanwhile: try again at once
-            try:
-                info = json.loads(raw.decode("utf-8"))
-                expires = float(info.get("expires_epoch"))
-            except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-                info, expires = {}, 0.0  # not a lock csis.infra wrote: treat it as expired
-            if time.time() >= expires:
+            info = lock_body(raw)  # {} (expired) when it is not a lock csis.infra wrote
+            if lock_expired(info, age):
                 try:
                     self.objects.delete(self.name, etag)
                     text = ("%s: broke the expired lock of %s (it expired at %s and was not renewed: its holder "
@@ -610,12 +651,17 @@ class S3Objects:
             raise _s3_error(self.where, "list", exc) from exc
 
     def get(self, rel: str) -> Tuple[Optional[bytes], Optional[str]]:
+        return self.read_lock(rel)[:2]
+
+    def read_lock(self, rel: str) -> Tuple[Optional[bytes], Optional[str], Optional[float]]:
+        """The object, its ETag and its age by the store's clock (:func:`object_age`; None when
+        the answer tells none); ``(None, None, None)`` when there is none."""
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=self.base + rel)
-            return resp["Body"].read(), resp.get("ETag")
+            return resp["Body"].read(), resp.get("ETag"), object_age(resp)
         except Exception as exc:  # noqa: BLE001
             if aws.error_code(exc) in ("NoSuchKey", "404", "NotFound"):
-                return None, None
+                return None, None, None
             raise _s3_error(self.label(rel), "read", exc) from exc
 
     def version(self, rel: str) -> Optional[str]:
@@ -692,13 +738,8 @@ class S3Objects:
 
     def lock_held(self) -> bool:
         """Whether a lock object exists that has not expired."""
-        raw = self.get(LOCK_NAME)[0]
-        if raw is None:
-            return False
-        try:
-            return time.time() < float(json.loads(raw.decode("utf-8")).get("expires_epoch"))
-        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-            return False
+        raw, _etag, age = self.read_lock(LOCK_NAME)
+        return raw is not None and not lock_expired(lock_body(raw), age)
 
     def cache_dir(self) -> str:
         ep = (self.access.get("endpoints") or {}).get("s3") or ""

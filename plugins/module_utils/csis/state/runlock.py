@@ -38,8 +38,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import clock, fsutil, procs
-from .backends import (FileLock, LocalObjects, LockBusy, LockLost, MetaStateError, S3Lock, holder_text, open_objects,
-                       require_tree)
+from .backends import (FileLock, LocalObjects, LockBusy, LockLost, MetaStateError, S3Lock, holder_text, lock_body,
+                       lock_expired, open_objects, require_tree)
 
 RUN_LOCK_NAME = ".run.lock"
 #: seconds a second run waits for the tree (``csis_run_lock_timeout``)
@@ -148,17 +148,14 @@ def holder(objects: Any) -> Optional[Dict[str, Any]]:
         except (ValueError, UnicodeDecodeError):
             info = {}
         return info if isinstance(info, dict) else {}
-    raw = objects.get(RUN_LOCK_NAME)[0]
+    raw, _etag, age = objects.read_lock(RUN_LOCK_NAME)
     if raw is None:
         return None
-    try:
-        info = json.loads(raw.decode("utf-8"))
-        if time.time() >= float(info.get("expires_epoch")):
-            return None
-        owner = info.get("owner")
-        return dict(owner, since=info.get("created")) if isinstance(owner, dict) else {}
-    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-        return {}
+    info = lock_body(raw)
+    if lock_expired(info, age):  # by the store's clock (what acquire then breaks)
+        return None
+    owner = info.get("owner")
+    return dict(owner, since=info.get("created")) if isinstance(owner, dict) else {}
 
 
 def _same_run(info: Optional[Dict[str, Any]], ctl: Dict[str, Any]) -> bool:
@@ -278,6 +275,17 @@ def lost(ctl: Dict[str, Any]) -> Optional[str]:
             % (info.get("where") or RUN_LOCK_NAME, info.get("at") or "an unknown time", info.get("why") or "no reason recorded"))
 
 
+def _clear_lost_when_done(ctl: Dict[str, Any], living: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> None:
+    """The watcher, after its run lost the lock: the marker stays while the run lives (its later
+    steps read it), then goes, so no temporary directory fills with them."""
+    while living():
+        sleep(POLL)
+    try:
+        os.unlink(lost_marker(ctl))
+    except OSError:
+        pass
+
+
 def check_held(ctl: Optional[Dict[str, Any]] = None) -> None:
     """Raise :class:`~.backends.LockLost` (the message says when and why) when the run ``ctl``
     (default: this process's run) lost its run lock while it went on."""
@@ -373,8 +381,13 @@ def _watch(objects: Any, ctl: Dict[str, Any], timeout: float, what: str, extra: 
         if lock is None:
             os._exit(0)
         where = objects.label(RUN_LOCK_NAME)
-        if not _hold(lock, lambda: alive(ctl["pid"], ctl["start"]), on_lost=lambda why: _mark_lost(ctl, where, why)):
+
+        def living() -> bool:
+            return alive(ctl["pid"], ctl["start"])
+
+        if not _hold(lock, living, on_lost=lambda why: _mark_lost(ctl, where, why)):
             lock = None  # broken by another run, or expired unrenewed: nothing left to hold
+            _clear_lost_when_done(ctl, living)
     except BaseException:  # noqa: BLE001 - SystemExit from SIGTERM included: release, then end
         pass
     finally:
