@@ -51,7 +51,9 @@ while True:
 rc = os.waitstatus_to_exitcode(status)
 sub = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
 line = json.dumps({"sub": sub, "wall": time.monotonic() - t0, "user": usage.ru_utime, "sys": usage.ru_stime,
-                   "minflt": usage.ru_minflt, "rc": rc, "cwd": os.getcwd()}) + "\n"
+                   "minflt": usage.ru_minflt, "rc": rc, "cwd": os.getcwd(),
+                   # the options by name only (a value could be a secret), the arguments as given
+                   "args": [a.split("=", 1)[0] if a.startswith("-") else a for a in sys.argv[1:]]}) + "\n"
 fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 try:
     os.write(fd, line.encode())
