@@ -52,8 +52,10 @@ rc = os.waitstatus_to_exitcode(status)
 sub = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
 line = json.dumps({"sub": sub, "wall": time.monotonic() - t0, "user": usage.ru_utime, "sys": usage.ru_stime,
                    "minflt": usage.ru_minflt, "rc": rc, "cwd": os.getcwd(),
-                   # the options by name only (a value could be a secret), the arguments as given
-                   "args": [a.split("=", 1)[0] if a.startswith("-") else a for a in sys.argv[1:]]}) + "\n"
+                   # the options by name only and no name=value argument (``-var x=y``: a value could be a
+                   # secret), the other arguments (the subcommand, a plan file) as given
+                   "args": [a.split("=", 1)[0] if a.startswith("-") else "<value>" if "=" in a else a
+                            for a in sys.argv[1:]]}) + "\n"
 fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 try:
     os.write(fd, line.encode())

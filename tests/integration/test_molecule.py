@@ -98,7 +98,7 @@ def test_molecule_scenario(scenario, moto_endpoint, tmp_path):
 
     # the scenario ran against the session's endpoint, on a tree of its own
     # (the YAML callback folds a long message at its spaces: a long temporary directory moves the fold)
-    m = re.search(r"msg: (\S+)/tree/examples\s+\(run (%s-[0-9a-f]{8}),\s+endpoint\s+(\S+)\)"
+    m = re.search(r"msg:\s+(\S+)/tree/examples\s+\(run\s+(%s-[0-9a-f]{8}),\s+endpoint\s+(\S+)\)"
                   % scenario.replace("_", "-"), out)
     assert m, tail
     assert m.group(3) == moto_endpoint.url

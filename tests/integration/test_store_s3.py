@@ -222,18 +222,28 @@ def test_a_lock_expires_by_the_stores_clock_not_the_holders(checkouts, moto_endp
                            "created": "2026-12-06T00:00:00Z", "expires": "2026-12-06T00:01:00Z",
                            "expires_epoch": expires_epoch}).encode("utf-8")
 
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock
+
+    objects = runlock.open_objects(str(b))
+    run_key = "%s/meta-state/%s" % (checkouts.prefix, runlock.RUN_LOCK_NAME)
     s3.put_object(Bucket=local_aws.STATE_BUCKET, Key=key, Body=lock_of(101, 60, time.time() - 3600))
-    with pytest.raises(MetaStateError, match=r"meta-state is locked by pid 101 on host skewed-node"):
+    s3.put_object(Bucket=local_aws.STATE_BUCKET, Key=run_key, Body=lock_of(103, 60, time.time() - 3600))
+    assert objects.lock_held() and runlock.holder(objects)["pid"] == 103  # what readers and a second run see
+    with pytest.raises(MetaStateError, match=r"meta-state is locked by pid 101 on host skewed-node .*\(\d+ s more "
+                                             r"unless renewed, by the store's clock\)"):
         with MetaState(str(b), lock_timeout=0.5).transaction("impatient"):
             pytest.fail("broke a live lock by its holder's clock")
     assert b"skewed-node" in s3.get_object(Bucket=local_aws.STATE_BUCKET, Key=key)["Body"].read()
 
     s3.put_object(Bucket=local_aws.STATE_BUCKET, Key=key, Body=lock_of(102, 1, time.time() + 3600))
-    time.sleep(2.2)  # its life (1 s) and the store clock's grain (1 s) gone, unrenewed
+    s3.put_object(Bucket=local_aws.STATE_BUCKET, Key=run_key, Body=lock_of(104, 1, time.time() + 3600))
+    time.sleep(2.2)  # their life (1 s) and the store clock's grain (1 s) gone, unrenewed
+    assert not objects.lock_held() and runlock.holder(objects) is None
     ms = MetaState(str(b), lock_timeout=5)
     with ms.transaction("after its life") as txn:
         txn.save_record(LP, "next", {"launched": True})
     assert len(ms.notices) == 1 and "broke the expired lock of pid 102" in ms.notices[0], ms.notices
+    assert "(it was not renewed within its 1 s life, by the store's clock: its holder is gone)" in ms.notices[0]
 
 
 def test_a_lost_update_is_refused_and_overwrites_nothing(checkouts, aws_env):

@@ -270,15 +270,25 @@ def test_the_lost_word_stays_while_the_run_lives_and_goes_with_it(monkeypatch: A
     runlock._mark_lost(ctl, "s3://b/p/meta-state/.run.lock", "another run broke it after it expired unrenewed")
     marker = runlock.lost_marker(ctl)
     seen: List[bool] = []
-    lives = iter([True, True, False])
+    lives = iter([True, True, False, False])
 
     def living() -> bool:
         seen.append(os.path.exists(marker))
         return next(lives)
 
     runlock._clear_lost_when_done(ctl, living, sleep=lambda _s: None)
-    assert seen == [True, True, True]  # there while the run lived, read by its later steps
+    assert seen == [True, True, True, True]  # there while the run lived, read by its later steps
     assert not os.path.exists(marker) and runlock.lost(ctl) is None
+
+    # a watcher stopped (SIGTERM) while its run still lives leaves the word for the run
+    runlock._mark_lost(ctl, "s3://b/p/meta-state/.run.lock", "another run broke it after it expired unrenewed")
+
+    def stopped(_seconds: float) -> None:
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        runlock._clear_lost_when_done(ctl, lambda: True, sleep=stopped)
+    assert runlock.lost(ctl) is not None
 
 
 def test_a_lock_expires_by_the_stores_clock_when_it_tells_one() -> None:
@@ -299,3 +309,9 @@ def test_a_lock_expires_by_the_stores_clock_when_it_tells_one() -> None:
     assert backends.lock_expired({"expires_epoch": now - 1}, 5.0, now)
     assert not backends.lock_expired({"ttl": 60, "expires_epoch": now + 1}, None, now)
     assert backends.lock_expired({}, 5.0, now) and backends.lock_expired({"ttl": True, "expires_epoch": "x"}, 5.0, now)
+    # numbers no holder writes raise nothing: a life that is none falls back to the epoch, an epoch that is none expires
+    assert not backends.lock_expired({"ttl": 10 ** 400, "expires_epoch": now + 5}, 5.0, now)
+    assert backends.lock_expired({"ttl": float("inf"), "expires_epoch": float("nan")}, 5.0, now)
+    assert backends.lock_expired({"expires_epoch": 10 ** 400}, None, now)
+    assert backends.lock_left(ahead, 45.0, now) == (16.0, True)
+    assert backends.lock_left({"expires_epoch": now + 30}, None, now) == (30.0, False)

@@ -39,6 +39,7 @@ import fcntl
 import getpass
 import glob
 import json
+import math
 import os
 import socket
 import stat
@@ -105,22 +106,49 @@ def object_age(resp: Mapping[str, Any]) -> Optional[float]:
         return None
 
 
-def lock_expired(info: Mapping[str, Any], age: Optional[float], now: Optional[float] = None) -> bool:
-    """Whether the life of a lock object (``info``: its body) ran out unrenewed.
+def _finite(value: Any) -> Optional[float]:
+    """``value`` as a finite number, None when it is none (a bool, a string, NaN, infinite, too large)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def lock_left(info: Mapping[str, Any], age: Optional[float], now: Optional[float] = None) -> Tuple[float, bool]:
+    """How many seconds of life a lock object (``info``: its body) has left unless renewed (0 or
+    less: it expired), and whether that was read by the store's clock.
 
     By the store's clock when the answer told the object's ``age`` (:func:`object_age`) and the
     holder wrote its lock's life (``ttl``): neither the holder's clock nor this machine's counts, so
     a node whose clock is off (an AWX execution node, a paused virtual machine) breaks no live lock.
     Otherwise (a lock an older csis.infra wrote, a store that tells no time) by the holder's
-    ``expires_epoch`` against this machine's clock (``now``). A body without either is not a lock
+    ``expires_epoch`` against this machine's clock (``now``). A body with neither is not a lock
     csis.infra wrote: expired."""
-    ttl = info.get("ttl")
-    if age is not None and isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0:
-        return age >= ttl + STORE_CLOCK_GRAIN
-    try:
-        return (time.time() if now is None else now) >= float(info.get("expires_epoch"))
-    except (TypeError, ValueError):
-        return True
+    ttl = _finite(info.get("ttl"))
+    if age is not None and ttl is not None and ttl > 0:
+        return ttl + STORE_CLOCK_GRAIN - age, True
+    expires = _finite(info.get("expires_epoch"))
+    if expires is None:
+        return 0.0, False
+    return expires - (time.time() if now is None else now), False
+
+
+def lock_expired(info: Mapping[str, Any], age: Optional[float], now: Optional[float] = None) -> bool:
+    """Whether the life of a lock object ran out unrenewed (:func:`lock_left`)."""
+    return lock_left(info, age, now)[0] <= 0
+
+
+def _life_text(info: Mapping[str, Any], age: Optional[float]) -> str:
+    """What a message says of a lock's life: by the store's clock when it was read so, else by the
+    time its holder wrote."""
+    left, by_store = lock_left(info, age)
+    if by_store:
+        return ("%.0f s more unless renewed, by the store's clock" % left if left > 0
+                else "it was not renewed within its %.0f s life, by the store's clock" % _finite(info.get("ttl")))
+    return "until %s unless renewed" % info.get("expires", "?") if left > 0 else "it expired at %s" % info.get("expires", "?")
 
 
 def lock_body(raw: bytes) -> Dict[str, Any]:
@@ -557,8 +585,8 @@ class S3Lock:
             if lock_expired(info, age):
                 try:
                     self.objects.delete(self.name, etag)
-                    text = ("%s: broke the expired lock of %s (it expired at %s and was not renewed: its holder "
-                            "is gone)" % (label, holder_text(info), info.get("expires", "?")))
+                    text = ("%s: broke the expired lock of %s (%s: its holder is gone)"
+                            % (label, holder_text(info), _life_text(info, age)))
                     self.objects.notices.append(text)
                     notice(text)  # shown by the task whatever writer took the lock (module.call_run)
                 except Conflict:
@@ -566,8 +594,8 @@ class S3Lock:
                 continue
             if time.monotonic() >= deadline:
                 raise LockBusy(
-                    "%s: %s by %s (until %s unless renewed); %s. Waited %.0f s (%s)"
-                    % (label, self.subject, holder_text(info), info.get("expires", "?"), self.busy, self.timeout,
+                    "%s: %s by %s (%s); %s. Waited %.0f s (%s)"
+                    % (label, self.subject, holder_text(info), _life_text(info, age), self.busy, self.timeout,
                        self.knob))
             self.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)

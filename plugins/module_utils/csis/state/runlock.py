@@ -277,13 +277,17 @@ def lost(ctl: Dict[str, Any]) -> Optional[str]:
 
 def _clear_lost_when_done(ctl: Dict[str, Any], living: Callable[[], bool], sleep: Callable[[float], None] = time.sleep) -> None:
     """The watcher, after its run lost the lock: the marker stays while the run lives (its later
-    steps read it), then goes, so no temporary directory fills with them."""
-    while living():
-        sleep(POLL)
+    steps read it), then goes, so no temporary directory fills with them. A watcher stopped
+    meanwhile (SIGTERM) removes it only when the run has ended too."""
     try:
-        os.unlink(lost_marker(ctl))
-    except OSError:
-        pass
+        while living():
+            sleep(POLL)
+    finally:
+        if not living():
+            try:
+                os.unlink(lost_marker(ctl))
+            except OSError:
+                pass
 
 
 def check_held(ctl: Optional[Dict[str, Any]] = None) -> None:
