@@ -162,7 +162,9 @@ state_lock:
       description: Whether the module released a stale lock.
       type: bool
     lock:
-      description: The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
+      description:
+        - The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
+        - C(lock_age) is the seconds since the lock object was written, by the store's clock (when its answer tells it).
       type: dict
     msg:
       description: What was found or done.

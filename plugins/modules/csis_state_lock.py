@@ -65,7 +65,9 @@ released:
   returned: always
   type: bool
 lock:
-  description: The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
+  description:
+    - The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
+    - C(lock_age) is the seconds since the lock object was written, by the store's clock (when its answer tells it).
   returned: always
   type: dict
 '''

@@ -175,3 +175,29 @@ def test_backend_settings_not_as_terraform_writes_them_are_left_to_terraform(tmp
     (d / ".terraform" / "environment").write_text("blue")
     backend = tfstate.backend_of(str(d))
     assert backend is None or tfstate.state_object(backend, str(d)) is None
+
+
+def test_another_machines_lock_says_its_age_by_the_stores_clock(tmp_path, monkeypatch):
+    """The lock's Created is the holder's clock; the refusal also says how long ago the object was
+    written by the store's own (its answer's Date less its Last-Modified): what tells an operator
+    a lock of a job that ended hours ago from a run in progress."""
+    import datetime as dt
+    import io
+
+    lock = {"ID": "abc-123", "Operation": "OperationTypeApply", "Who": "runner@awx-job-41",
+            "Created": "2026-12-06T09:00:00Z", "Path": "b/statefiles/x/aws_ebs.tfstate"}
+
+    class S3:
+        def get_object(self, Bucket, Key):  # noqa: N803 (boto3's names)
+            return {"Body": io.BytesIO(json.dumps(lock).encode()),
+                    "LastModified": dt.datetime(2026, 12, 6, 9, 0, 0, tzinfo=dt.timezone.utc),
+                    "ResponseMetadata": {"HTTPHeaders": {"date": "Sun, 06 Dec 2026 12:05:30 GMT"}}}
+
+    monkeypatch.setattr(sl.aws, "client", lambda service, access: S3())
+    root = _root(tmp_path)
+    info = sl.read_lock(sl.backend_of(root))
+    assert info["lock_age"] == 3 * 3600 + 5 * 60 + 30 and info["Who"] == "runner@awx-job-41"
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(root)
+    assert ("is locked by runner@awx-job-41 since 2026-12-06T09:00:00Z (operation OperationTypeApply, lock ID abc-123, "
+            "written 3 h 05 min ago by the store's clock), a run on another machine") in str(exc.value)

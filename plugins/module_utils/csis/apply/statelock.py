@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .. import aws, procs, terraform
 from ..tfstate import backend_of, s3_state_key
 from ..errors import CsisError
+from ..state.backends import object_age
 from .errored import check_errored_state
 
 __all__ = ["StateLockError", "backend_of", "lock_key", "read_lock", "live_holders", "may_hold_lock",
@@ -60,14 +61,17 @@ def lock_key(backend: Mapping[str, Any]) -> Optional[Tuple[str, str]]:
 
 
 def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-    """The lock object's JSON, or None when the state is not locked."""
+    """The lock object's JSON, or None when the state is not locked. Beside terraform's fields:
+    ``lock_object`` (where it is) and, when the store's answer tells it, ``lock_age`` (seconds since
+    the object was written, by the store's own clock: ``Created`` is the holder's)."""
     where = lock_key(backend)
     if where is None:
         return None
     bucket, key = where
     try:
         client = aws.client("s3", aws.backend_access(backend["config"]))
-        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        resp = client.get_object(Bucket=bucket, Key=key)
+        body = resp["Body"].read()
     except Exception as exc:  # NoSuchKey, or a botocore ClientError 404 on some endpoints; a missing profile
         if aws.error_code(exc) in ("404", "NoSuchKey", "NotFound"):
             return None
@@ -79,6 +83,9 @@ def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     if not isinstance(info, dict):  # not a lock terraform wrote: shown as it is, never read as one
         info = {"raw": body.decode("utf-8", "replace")}
     info["lock_object"] = "s3://%s/%s" % (bucket, key)
+    age = object_age(resp)
+    if age is not None:
+        info["lock_age"] = age
     return info
 
 
@@ -146,10 +153,26 @@ def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return found
 
 
+def _age_text(seconds: float) -> str:
+    """``seconds`` as a person reads a lock's age: 45 s, 12 min, 3 h 05 min, 2 d 04 h."""
+    whole = max(0, int(seconds))
+    if whole < 120:
+        return "%d s" % whole
+    minutes, hours = whole // 60, whole // 3600
+    if hours < 2:
+        return "%d min" % minutes
+    if hours < 48:
+        return "%d h %02d min" % (hours, minutes % 60)
+    return "%d d %02d h" % (hours // 24, hours % 24)
+
+
 def _describe(info: Mapping[str, Any]) -> str:
-    return ("%s is locked by %s since %s (operation %s, lock ID %s)"
+    age = info.get("lock_age")
+    written = (", written %s ago by the store's clock" % _age_text(age)
+               if isinstance(age, (int, float)) and not isinstance(age, bool) else "")
+    return ("%s is locked by %s since %s (operation %s, lock ID %s%s)"
             % (info.get("Path") or info.get("lock_object"), info.get("Who") or "?", info.get("Created") or "?",
-               info.get("Operation") or "?", info.get("ID") or "?"))
+               info.get("Operation") or "?", info.get("ID") or "?", written))
 
 
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
