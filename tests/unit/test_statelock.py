@@ -185,7 +185,8 @@ def test_another_machines_lock_says_its_age_by_the_stores_clock(tmp_path, monkey
     import io
 
     lock = {"ID": "abc-123", "Operation": "OperationTypeApply", "Who": "runner@awx-job-41",
-            "Created": "2026-12-06T09:00:00Z", "Path": "b/statefiles/x/aws_ebs.tfstate"}
+            "Created": "2026-12-06T09:00:00Z", "Path": "b/statefiles/x/aws_ebs.tfstate",
+            "lock_age": float("nan")}  # a field terraform never writes is not taken for the store's word
 
     class S3:
         def get_object(self, Bucket, Key):  # noqa: N803 (boto3's names)
@@ -201,3 +202,12 @@ def test_another_machines_lock_says_its_age_by_the_stores_clock(tmp_path, monkey
         sl.check_and_release(root)
     assert ("is locked by runner@awx-job-41 since 2026-12-06T09:00:00Z (operation OperationTypeApply, lock ID abc-123, "
             "written 3 h 05 min ago by the store's clock), a run on another machine") in str(exc.value)
+
+    class Dateless(S3):
+        def get_object(self, Bucket, Key):  # noqa: N803 (boto3's names)
+            return {"Body": io.BytesIO(json.dumps(lock).encode())}
+
+    monkeypatch.setattr(sl.aws, "client", lambda service, access: Dateless())
+    assert "lock_age" not in sl.read_lock(sl.backend_of(root))  # the object's own NaN is dropped, nothing claimed
+    with pytest.raises(sl.StateLockError, match=r"lock ID abc-123\), a run on another machine"):
+        sl.check_and_release(root)

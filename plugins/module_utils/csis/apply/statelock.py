@@ -83,6 +83,7 @@ def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     if not isinstance(info, dict):  # not a lock terraform wrote: shown as it is, never read as one
         info = {"raw": body.decode("utf-8", "replace")}
     info["lock_object"] = "s3://%s/%s" % (bucket, key)
+    info.pop("lock_age", None)  # ours alone: a number the object carries is not the store's clock
     age = object_age(resp)
     if age is not None:
         info["lock_age"] = age
