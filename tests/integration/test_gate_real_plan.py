@@ -273,7 +273,32 @@ APPLY_CHECK_PLAYBOOK = textwrap.dedent("""\
           ansible.builtin.copy:
             dest: "{{ results }}"
             content: "{{ dict(cases | map(attribute='name') | zip(checks.results)) | to_json }}"
+        - name: the run's S3 run lock is lost (the marker its watcher writes for this ansible-playbook)
+          ansible.builtin.command:
+            argv: ["{{ ansible_python_interpreter }}", "-c", "{{ mark_lost }}"]
+          register: marked
+          changed_when: false
+        - name: the apply check of a case that passed above, after it
+          csis.infra.csis_apply_check:
+            lifecycle: instance-image
+            config_root: "{{ (cases | selectattr('name', 'equalto', 'true') | first).config_root }}"
+            root: aws-instances
+            root_alias: [rt-eu]
+          register: after_lost
+          ignore_errors: true
+        - name: lost results
+          ansible.builtin.copy:
+            dest: "{{ results }}.lost"
+            content: "{{ {'marker': marked.stdout, 'check': after_lost} | to_json }}"
 """)
+
+#: what the run lock's watcher does when the run's S3 run lock is lost (runlock._mark_lost), for the
+#: ansible-playbook that runs it; prints the marker's path
+MARK_LOST = ("import sys; sys.path.insert(0, %r); "
+             "from ansible_collections.csis.infra.plugins.module_utils.csis.state import runlock as r; "
+             "c = r.controller(); "
+             "r._mark_lost(c, 's3://b/p/meta-state/.run.lock', 'another run broke it after it expired unrenewed'); "
+             "print(r.lost_marker(c))" % os.path.join(_REPO, ".venv", "collections"))
 
 
 def _cfg(base, name, text, overlays=None):
@@ -313,7 +338,15 @@ def test_apply_check_through_ansible(tmp_path):
         {"name": "runtime_same", "config_root": on, "apply_runtime": "rt-eu"},
         {"name": "storage_unset", "config_root": on, "lifecycle": "storage"},
     ]
-    res, proc = _run_playbook(tmp_path, "apply_check", APPLY_CHECK_PLAYBOOK, {"cases": cases})
+    res, proc = _run_playbook(tmp_path, "apply_check", APPLY_CHECK_PLAYBOOK, {"cases": cases, "mark_lost": MARK_LOST})
+    lost = json.loads((tmp_path / "apply_check.results.json.lost").read_text())
+    if lost["marker"] and os.path.exists(lost["marker"]):
+        os.unlink(lost["marker"])  # no watcher outlives this run to remove it
+    # a run whose S3 run lock was lost applies nothing more: the apply check refuses what it passed before
+    assert lost["check"].get("failed") is True, proc.stdout
+    assert lost["check"]["msg"].startswith("s3://b/p/meta-state/.run.lock: this run's lock on the tree was lost at ")
+    assert "(another run broke it after it expired unrenewed): another run may be working on this tree now" in \
+        lost["check"]["msg"]
     failed = {k: v.get("msg") for k, v in res.items() if v.get("failed")}
     passed = {k for k, v in res.items() if not v.get("failed")}
     assert passed == {"true", "walk_up", "lists_root", "lists_runtime", "runtime_same"}, proc.stdout
