@@ -169,8 +169,7 @@ def _age_text(seconds: float) -> str:
 
 def _describe(info: Mapping[str, Any]) -> str:
     age = info.get("lock_age")
-    written = (", written %s ago by the store's clock" % _age_text(age)
-               if isinstance(age, (int, float)) and not isinstance(age, bool) else "")
+    written = ", written %s ago by the store's clock" % _age_text(age) if age is not None else ""  # read_lock's alone
     return ("%s is locked by %s since %s (operation %s, lock ID %s%s)"
             % (info.get("Path") or info.get("lock_object"), info.get("Who") or "?", info.get("Created") or "?",
                info.get("Operation") or "?", info.get("ID") or "?", written))

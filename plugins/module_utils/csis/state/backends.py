@@ -578,7 +578,7 @@ class S3Lock:
                 return
             except Conflict:
                 pass
-            raw, etag, age = self.objects.read_lock(self.name)
+            raw, etag, age = self.objects.get_with_age(self.name)
             if raw is None:
                 continue  # released meanwhile: try again at once
             info = lock_body(raw)  # {} (expired) when it is not a lock csis.infra wrote
@@ -620,11 +620,7 @@ class S3Lock:
         this holder as its owner: take its ETag and count the renewal. A store that does not answer
         the read raises (not a lost lock: the caller tries again)."""
         raw, etag = self.objects.get(self.name)
-        try:
-            owner = json.loads((raw or b"").decode("utf-8")).get("owner")
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            return False
-        if raw is None or etag is None or owner != self._owner():
+        if raw is None or etag is None or lock_body(raw).get("owner") != self._owner():
             return False
         self.etag, self.renewed = etag, start
         return True
@@ -679,9 +675,9 @@ class S3Objects:
             raise _s3_error(self.where, "list", exc) from exc
 
     def get(self, rel: str) -> Tuple[Optional[bytes], Optional[str]]:
-        return self.read_lock(rel)[:2]
+        return self.get_with_age(rel)[:2]
 
-    def read_lock(self, rel: str) -> Tuple[Optional[bytes], Optional[str], Optional[float]]:
+    def get_with_age(self, rel: str) -> Tuple[Optional[bytes], Optional[str], Optional[float]]:
         """The object, its ETag and its age by the store's clock (:func:`object_age`; None when
         the answer tells none); ``(None, None, None)`` when there is none."""
         try:
@@ -766,7 +762,7 @@ class S3Objects:
 
     def lock_held(self) -> bool:
         """Whether a lock object exists that has not expired."""
-        raw, _etag, age = self.read_lock(LOCK_NAME)
+        raw, _etag, age = self.get_with_age(LOCK_NAME)
         return raw is not None and not lock_expired(lock_body(raw), age)
 
     def cache_dir(self) -> str:

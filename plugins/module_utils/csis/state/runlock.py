@@ -142,13 +142,8 @@ def holder(objects: Any) -> Optional[Dict[str, Any]]:
     if isinstance(objects, LocalObjects):
         if not objects.lock_held(RUN_LOCK_NAME):
             return None
-        raw = objects.get(RUN_LOCK_NAME)[0] or b""
-        try:
-            info = json.loads(raw.decode("utf-8") or "{}")
-        except (ValueError, UnicodeDecodeError):
-            info = {}
-        return info if isinstance(info, dict) else {}
-    raw, _etag, age = objects.read_lock(RUN_LOCK_NAME)
+        return lock_body(objects.get(RUN_LOCK_NAME)[0] or b"")
+    raw, _etag, age = objects.get_with_age(RUN_LOCK_NAME)
     if raw is None:
         return None
     info = lock_body(raw)
