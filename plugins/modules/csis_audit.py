@@ -15,7 +15,8 @@ description:
     no record change, under the next revision, with who ran it (the OS user, or the AWX user, job and
     workflow ids the environment carries).
   - The C(csis.infra.tofu_root) role calls it when a root's chain fails, so refused gates, refused
-    apply checks and failed steps are in the trail that C(playbooks/history.yml) prints (filter by root).
+    apply checks and failed steps are in the trail that C(playbooks/history.yml) prints (filter by root),
+    and when its plan step released a state lock (V(state lock released)).
   - Secret-shaped values are refused, as in every meta-state write.
 extends_documentation_fragment:
   - csis.infra.controller.config_root

@@ -77,6 +77,15 @@ options:
       - In check mode (terraform does not run) the lock is not looked at.
     type: bool
     default: false
+  force_unlock:
+    description:
+      - With O(release_stale_lock), the IDs of S3 state locks the operator found left by runs that are gone (a
+        refusal names the lock's ID; the role passes the run variable C(csis_force_unlock)). Such a lock is released
+        whoever took it (another machine, a killed AWX job), but for one a live process of this machine holds; an ID
+        that is not the lock's releases nothing. The release is a warning in the run's output.
+    type: list
+    elements: str
+    default: []
   real_binary:
     description:
       - The terraform (or tofu) binary itself when O(binary_path) is a wrapper (the role's
@@ -235,7 +244,8 @@ def _plan(module, p):
         result = make_plan(p["project_path"], p["plan_file"], p["binary_path"], variables=p["variables"],
                            replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode,
                            release_stale_lock=p["release_stale_lock"], real_binary=p["real_binary"],
-                           reads=p["reads"], skip_unapplied=p["unapplied_upstream"] == "skip")
+                           reads=p["reads"], skip_unapplied=p["unapplied_upstream"] == "skip",
+                           force_unlock=p["force_unlock"])
     except StateLockError as exc:  # the lock's own message, as csis_state_lock fails with it
         module.fail_json(msg=str(exc), changed=False)
     if (result.get("state_lock") or {}).get("released"):
@@ -256,6 +266,7 @@ RUN = ModuleRun(_plan, argument_spec(
     secret_env=dict(type="dict", default={}, no_log=True),
     timeout=dict(type="int", default=0),
     release_stale_lock=dict(type="bool", default=False),
+    force_unlock=dict(type="list", elements="str", default=[]),
     real_binary=dict(type="str"),
     reads=dict(type="dict", default={}),
     unapplied_upstream=dict(type="str", default="fail", choices=["fail", "skip"]),

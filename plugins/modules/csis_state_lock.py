@@ -20,7 +20,8 @@ description:
     It is released with C(force-unlock -force <ID>) (terraform refuses when the lock changed meanwhile)
     and the module reports C(changed).
   - Any other lock (a live local run, another machine or user) fails with the lock's holder, time,
-    operation and ID, and the C(force-unlock) command to use once that run is known to be gone.
+    operation and ID, and how to release it once that run is known to be gone (O(force_unlock) with its ID,
+    or C(terraform force-unlock)).
   - The processes of this machine are read from C(/proc) (Linux). Where there is none, a lock of this machine is
     never released either (whether its holder lives cannot be told) and fails the same way.
 extends_documentation_fragment:
@@ -40,6 +41,14 @@ options:
     description: Release a lock whose local holder is gone (V(false) only reports it and fails).
     type: bool
     default: true
+  force_unlock:
+    description:
+      - The IDs of locks the operator found left by runs that are gone (a refusal names the lock's ID). Such a lock is
+        released whoever took it (another machine, a killed AWX job), but for one a live process of this machine
+        holds; an ID that is not the lock's releases nothing.
+    type: list
+    elements: str
+    default: []
 notes:
   - Uses the controller's boto3 with the AWS credentials of the environment (as terraform does).
   - In check mode nothing is released; a stale lock is reported as a change that would be made.
@@ -53,6 +62,11 @@ EXAMPLES = r'''
   csis.infra.csis_state_lock:
     project_path: "{{ root_dir }}"
     binary_path: terraform
+
+- name: Release the lock of a killed AWX job, whose ID the refusal named, once that job is known to be gone
+  csis.infra.csis_state_lock:
+    project_path: "{{ root_dir }}"
+    force_unlock: [0b6a6a7e-5d3c-4a9e-9f7e-2d1f3c4b5a69]
 '''
 
 RETURN = r'''
@@ -79,12 +93,14 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.module import Modu
 def _release(module, p):
     if module.check_mode:
         try:
-            return check_and_release(p['project_path'], p['binary_path'], release=False)
+            return check_and_release(p['project_path'], p['binary_path'], release=False,
+                                     confirmed_gone=p['force_unlock'])
         except StateLockError as exc:
-            if "holder on this machine is gone" in str(exc):
+            if exc.releasable:
                 return dict(changed=True, locked=True, released=False, lock=None, msg=str(exc))
             raise
-    result = check_and_release(p['project_path'], p['binary_path'], release=p['release'])
+    result = check_and_release(p['project_path'], p['binary_path'], release=p['release'],
+                               confirmed_gone=p['force_unlock'])
     if result.get("released"):
         module.warn(result["msg"])
     return result
@@ -93,7 +109,7 @@ def _release(module, p):
 RUN = ModuleRun(
     _release,
     dict(project_path=dict(type='path', required=True), binary_path=dict(type='str', default='terraform'),
-         release=dict(type='bool', default=True)),
+         release=dict(type='bool', default=True), force_unlock=dict(type='list', elements='str', default=[])),
     failure=dict(changed=False),
     options=dict(supports_check_mode=True),
 )

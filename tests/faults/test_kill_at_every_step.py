@@ -21,6 +21,10 @@ during the apply       the new volume exists at the endpoint (boto3, polled): te
 during record          the "Record what the state now holds" task has started
 =====================  ====================================================================
 
+The plan's lock is then made another machine's (as a killed AWX job's would be, its container
+gone): the next run refuses it, naming its ID and ``csis_force_unlock``; the run with that ID
+releases it and converges.
+
 After every kill, meta-state never claims what is not there: each record's volume is in the
 terraform state and at the endpoint. The apply kill leaves a volume the state may not hold
 (the test says which case it hit): the drift report names it ``foreign`` (it carries the tree's
@@ -29,6 +33,7 @@ re-run then plans no create.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -146,10 +151,11 @@ def kill_at_task(tree, ep, log, task):
     assert_all_gone(tree, proc)
 
 
-def rerun(tree, ep, log, name):
+def rerun(tree, ep, log, name, extra_vars=None):
     """The plain re-run after a kill: it converges, ``name`` is recorded active with the one
     volume of that name, and every record is true."""
-    run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log(log))
+    run = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log(log),
+                           extra_vars=extra_vars)
     assert run.rc == 0, run.tail()
     recs = assert_meta_state_true(tree, ep)
     assert recs[name]["state"] == "active"
@@ -185,14 +191,34 @@ def test_killed_during_plan(tree, moto_endpoint):
     assert e2e.meta_state_digest(tree.root) == before
     assert not tagged_volumes(ep, tree, "p1")
     assert_meta_state_true(tree, ep)
-    assert state_lock_objects(ep, tree), "the killed plan left no state lock (the case this test is about)"
-    run, recs = rerun(tree, ep, "plan-rerun.log", "p1")
+    locks = state_lock_objects(ep, tree)
+    assert locks, "the killed plan left no state lock (the case this test is about)"
+    # as if an AWX job had been killed: the lock names another machine (its container, gone), which
+    # csis cannot prove dead; the next run refuses, naming the lock's ID and how to release it
+    s3 = ep.client("s3")
+    body = json.loads(s3.get_object(Bucket=ep.state_bucket, Key=locks[0])["Body"].read())
+    body["Who"] = "runner@awx-ee-7f9c"
+    s3.put_object(Bucket=ep.state_bucket, Key=locks[0], Body=json.dumps(body).encode())
+    refused = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("plan-refused.log"))
+    flat = " ".join(refused.out.split())
+    assert refused.rc != 0 and "STATE LOCKED:" in flat and "a run on another machine" in flat, refused.tail()
+    assert "run again with -e csis_force_unlock=%s" % body["ID"] in flat, refused.tail()
+    assert e2e.meta_state_digest(tree.root) == before and state_lock_objects(ep, tree) == locks
+    # the operator found that job gone and names its lock: the plan step releases it and the run converges
+    run, recs = rerun(tree, ep, "plan-rerun.log", "p1", extra_vars={"csis_force_unlock": body["ID"]})
     assert recs["mnt_data"]["facts"]["volume_id"] == tree.first
-    # the plan step released the dead run's lock (its holder, a terraform of this machine, is gone),
-    # saying how old it was by the store's clock
-    assert re.search(r"released a stale state lock: .* lock ID [\w-]+, written \d+ (s|min) ago by the store's clock\)",
+    # saying whose lock it was and how old by the store's clock
+    assert re.search(r"released the state lock: .* is locked by runner@awx-ee-7f9c .* lock ID %s, written \d+ (s|min) ago "
+                     r"by the store's clock\); its ID was given in csis_force_unlock" % re.escape(body["ID"]),
                      " ".join(run.out.split())), run.tail()
     assert not state_lock_objects(ep, tree)
+    # and the audit trail keeps it: whose lock went, on whose word
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
+
+    released = [e for d in audit_trail(MetaState(tree.root)) for e in d.get("events") or []
+                if e.get("kind") == "state lock released"]
+    assert len(released) == 1 and released[0]["root"] == "storage-aws-ebs", released
+    assert body["ID"] in released[0]["detail"] and "csis_force_unlock" in released[0]["detail"], released
 
 
 def test_killed_between_gate_and_apply(tree, moto_endpoint):

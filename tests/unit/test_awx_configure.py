@@ -310,6 +310,9 @@ def test_plan_and_apply_templates_and_the_workflows() -> None:
     assert wf["loop"] == "{{ csis_awx_lifecycles }}"
     args = wf["awx.awx.workflow_job_template"]
     assert "extra_vars" not in args and args["ask_variables_on_launch"] is False  # nothing overrides the artifact
+    # but for the one survey answer: the ID of a state lock a job that is gone left (csis_force_unlock)
+    assert args["survey_enabled"] is True
+    assert [(q["variable"], q["required"]) for q in args["survey_spec"]["spec"]] == [("csis_force_unlock", False)]
     nodes = {n["identifier"]: n for n in args["workflow_nodes"]}
     chain, node = [], "plan"
     while node:

@@ -93,6 +93,44 @@ def test_another_machines_lock_is_refused_with_the_procedure(tmp_path, monkeypat
     assert calls == []
 
 
+def test_another_machines_lock_is_released_when_the_operator_names_its_id(tmp_path, monkeypatch, locked):
+    """A killed AWX job's lock (its container is gone, so csis cannot prove it dead): the refusal
+    names the ID and csis_force_unlock; with that ID given the plan step releases it."""
+    info, calls = locked
+    info["Who"] = "runner@awx-ee-7f9c"
+    monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
+    root = _root(tmp_path)
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(root, confirmed_gone=["another-id"])  # an ID that is not this lock's releases nothing
+    assert "run again with -e csis_force_unlock=abc-123" in str(exc.value) and not exc.value.releasable
+    assert calls == []
+    res = sl.check_and_release(root, confirmed_gone=[" abc-123"])
+    assert res["released"] and res["changed"] and calls == [["terraform", "force-unlock", "-force", "-no-color", "abc-123"]]
+    assert "runner@awx-ee-7f9c" in res["msg"] and "given in csis_force_unlock" in res["msg"]
+    # release off (check mode): reported as releasable, nothing run
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(root, release=False, confirmed_gone=["abc-123"])
+    assert exc.value.releasable and "not released" in str(exc.value) and len(calls) == 1
+
+
+def test_a_named_lock_a_live_local_process_holds_is_not_released(tmp_path, monkeypatch, locked):
+    _info, calls = locked
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [{"pid": 42, "argv": ["terraform", "apply"], "cwd": "/r"}])
+    with pytest.raises(sl.StateLockError, match="held by a live process on this machine: 42"):
+        sl.check_and_release(_root(tmp_path), confirmed_gone=["abc-123"])
+    assert calls == []
+
+
+def test_a_named_lock_whose_force_unlock_fails_stops_the_run(tmp_path, monkeypatch, locked):
+    info, _calls = locked
+    info["Who"] = "runner@awx-ee-7f9c"
+    monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
+    monkeypatch.setattr(terraform.subprocess, "run",
+                        lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "lock ID does not match"))
+    with pytest.raises(sl.StateLockError, match=r"given in csis_force_unlock.*force-unlock failed \(rc 1\)"):
+        sl.check_and_release(_root(tmp_path), confirmed_gone=["abc-123"])
+
+
 def test_live_holders_matches_the_same_state_only(tmp_path, monkeypatch):
     root = _root(tmp_path)
     other = tmp_path / "other"

@@ -25,7 +25,7 @@ import getpass
 import json
 import os
 import socket
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import aws, procs, terraform
 from ..tfstate import backend_of, s3_state_key
@@ -40,7 +40,11 @@ TERRAFORM_NAMES = ("terraform", "tofu")
 
 
 class StateLockError(CsisError):
-    pass
+    """A lock this run may not plan under. ``releasable``: one a run with ``release`` would have released."""
+
+    def __init__(self, msg: str, releasable: bool = False) -> None:
+        super().__init__(msg)
+        self.releasable = releasable
 
 
 def local_who() -> str:
@@ -176,8 +180,13 @@ def _describe(info: Mapping[str, Any]) -> str:
 
 
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
-                      env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+                      env: Optional[Mapping[str, str]] = None, confirmed_gone: Sequence[str] = ()) -> Dict[str, Any]:
     """Release a lock whose holder is provably dead; refuse on any other lock. See module doc.
+
+    ``confirmed_gone``: lock IDs the operator names as left by runs that are gone (the run
+    variable ``csis_force_unlock``, from a refusal's message): such a lock is released whoever
+    took it, but for one a live process of this machine holds. An ID that is not the lock's
+    releases nothing (a lock taken since is another run's).
 
     A root holding terraform's ``errored.tfstate`` (an apply whose state never reached the
     backend) is refused first: :func:`.errored.check_errored_state`."""
@@ -193,9 +202,15 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
         return result
     result.update(locked=True, lock=info)
     what = _describe(info)
-    procedure = ("if that run is really gone, release the lock: %s -chdir=%s force-unlock %s "
-                 "(docs/operations.md, 'State is locked')" % (binary, root, info.get("ID") or "<ID>"))
-    if info.get("Who") != local_who():
+    lock_id = str(info.get("ID") or "")
+    procedure = ("if that run is really gone, release the lock: run again with -e csis_force_unlock=%s (from AWX: the "
+                 "workflow's survey question 'Release a state lock'), or %s -chdir=%s force-unlock %s (docs/operations.md, 'State is locked')"
+                 % (lock_id or "<ID>", binary, root, lock_id or "<ID>"))
+    confirmed = bool(lock_id) and lock_id in {str(i).strip() for i in confirmed_gone}
+    ours = info.get("Who") == local_who()
+    if confirmed and not (ours and procs.available() and live_holders(backend)):
+        return _release_confirmed(root, binary, env, release, result, what, lock_id)
+    if not ours:
         raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
                              "running: wait for it; %s" % (what, procedure))
     if not procs.available():
@@ -208,7 +223,7 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
                              "Wait for that run to finish." % (what, pids))
     if not release or not info.get("ID"):
         raise StateLockError("STATE LOCKED: %s; its holder on this machine is gone (no terraform process "
-                             "uses this state): %s" % (what, procedure))
+                             "uses this state): %s" % (what, procedure), releasable=bool(info.get("ID")))
     rc, output = terraform.force_unlock(root, binary, str(info["ID"]), env)
     if rc != 0:
         raise StateLockError("STATE LOCKED: %s; its holder is gone but force-unlock failed (rc %d): %s"
@@ -216,4 +231,17 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     result.update(changed=True, released=True,
                   msg="released a stale state lock: %s; its holder on this machine is gone "
                       "(no terraform process uses this state)" % what)
+    return result
+
+
+def _release_confirmed(root: str, binary: str, env: Optional[Mapping[str, str]], release: bool,
+                       result: Dict[str, Any], what: str, lock_id: str) -> Dict[str, Any]:
+    """Release the lock the operator named (``csis_force_unlock``); terraform refuses if it changed."""
+    said = "its ID was given in csis_force_unlock: the operator found its run gone"
+    if not release:
+        raise StateLockError("STATE LOCKED: %s; %s: not released (release is off)" % (what, said), releasable=True)
+    rc, output = terraform.force_unlock(root, binary, lock_id, env)
+    if rc != 0:
+        raise StateLockError("STATE LOCKED: %s; %s, but force-unlock failed (rc %d): %s" % (what, said, rc, output))
+    result.update(changed=True, released=True, msg="released the state lock: %s; %s" % (what, said))
     return result

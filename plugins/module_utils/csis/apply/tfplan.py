@@ -139,14 +139,15 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
               env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
               check_mode: bool = False, release_stale_lock: bool = False,
               real_binary: Optional[str] = None, reads: Optional[Mapping[str, str]] = None,
-              skip_unapplied: bool = False) -> Dict[str, Any]:
+              skip_unapplied: bool = False, force_unlock: Sequence[str] = ()) -> Dict[str, Any]:
     """Open the plan binding, plan to ``plan_file``, record terraform's answer in the binding.
 
     ``release_stale_lock``: first :func:`.statelock.check_and_release` (with ``real_binary``, the
     terraform binary itself when ``binary_path`` is a wrapper: it runs the force-unlock and the
     messages name it); its result is returned as ``state_lock``, and a lock it refuses raises
     :class:`.statelock.StateLockError` before anything is planned. In check mode (no terraform
-    runs) the lock is not looked at.
+    runs) the lock is not looked at. ``force_unlock``: the lock IDs the operator names as left by
+    runs that are gone (``check_and_release``'s ``confirmed_gone``).
 
     Raises :class:`TerraformError` when terraform fails (exit 1), times out or cannot start;
     the binding then records no plan and the gate refuses whatever plan file is there. When the
@@ -158,7 +159,7 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
     In check mode nothing is written and terraform does not run.
     """
     root = os.path.abspath(project_path)
-    lock = (check_and_release(root, real_binary or binary_path, env=env)
+    lock = (check_and_release(root, real_binary or binary_path, env=env, confirmed_gone=force_unlock)
             if release_stale_lock and not check_mode else None)
     plan_path = plan_path_of(root, plan_file)
     opened = open_binding(root, plan_file, check_mode=check_mode)
