@@ -8,7 +8,7 @@ __metaclass__ = type
 DOCUMENTATION = r'''
 ---
 module: csis_state_lock
-short_description: Release an S3 state lock left by a killed run on this machine; refuse any other lock
+short_description: Release an S3 state lock left by a killed run on this machine, or one the operator names; refuse any other
 version_added: 0.1.0
 description:
   - For an initialised root whose backend is C(s3) with C(use_lockfile), reads the lock object
@@ -23,7 +23,8 @@ description:
     operation and ID, and how to release it once that run is known to be gone (O(force_unlock) with its ID,
     or C(terraform force-unlock)).
   - The processes of this machine are read from C(/proc) (Linux). Where there is none, a lock of this machine is
-    never released either (whether its holder lives cannot be told) and fails the same way.
+    not released either (whether its holder lives cannot be told) and fails the same way, unless O(force_unlock)
+    names it (the operator's word).
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3
@@ -45,7 +46,7 @@ options:
     description:
       - The IDs of locks the operator found left by runs that are gone (a refusal names the lock's ID). Such a lock is
         released whoever took it (another machine, a killed AWX job), but for one a live process of this machine
-        holds; an ID that is not the lock's releases nothing.
+        works on (where its processes can be read); an ID that is not the lock's releases nothing.
     type: list
     elements: str
     default: []
@@ -89,18 +90,21 @@ lock:
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import StateLockError, check_and_release
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import ModuleRun
 
+# how a refusal tells the caller to name the lock: this module's own option
+CONFIRM = "run the module again with force_unlock: [{id}]"
+
 
 def _release(module, p):
     if module.check_mode:
         try:
             return check_and_release(p['project_path'], p['binary_path'], release=False,
-                                     confirmed_gone=p['force_unlock'])
+                                     confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
         except StateLockError as exc:
             if exc.releasable:
                 return dict(changed=True, locked=True, released=False, lock=None, msg=str(exc))
             raise
     result = check_and_release(p['project_path'], p['binary_path'], release=p['release'],
-                               confirmed_gone=p['force_unlock'])
+                               confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
     if result.get("released"):
         module.warn(result["msg"])
     return result

@@ -21,9 +21,10 @@ during the apply       the new volume exists at the endpoint (boto3, polled): te
 during record          the "Record what the state now holds" task has started
 =====================  ====================================================================
 
-The plan's lock is then made another machine's (as a killed AWX job's would be, its container
-gone): the next run refuses it, naming its ID and ``csis_force_unlock``; the run with that ID
-releases it and converges.
+Before the re-run after the kill between gate and apply, a lock of another machine is put in the
+bucket (as a killed AWX job's would be, its container gone): the next run refuses it, naming its
+ID and ``csis_force_unlock``; the run with that ID releases it and converges. Each lock a run
+releases is in the audit trail.
 
 After every kill, meta-state never claims what is not there: each record's volume is in the
 terraform state and at the endpoint. The apply kill leaves a volume the state may not hold
@@ -193,32 +194,25 @@ def test_killed_during_plan(tree, moto_endpoint):
     assert_meta_state_true(tree, ep)
     locks = state_lock_objects(ep, tree)
     assert locks, "the killed plan left no state lock (the case this test is about)"
-    # as if an AWX job had been killed: the lock names another machine (its container, gone), which
-    # csis cannot prove dead; the next run refuses, naming the lock's ID and how to release it
-    s3 = ep.client("s3")
-    body = json.loads(s3.get_object(Bucket=ep.state_bucket, Key=locks[0])["Body"].read())
-    body["Who"] = "runner@awx-ee-7f9c"
-    s3.put_object(Bucket=ep.state_bucket, Key=locks[0], Body=json.dumps(body).encode())
-    refused = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("plan-refused.log"))
-    flat = " ".join(refused.out.split())
-    assert refused.rc != 0 and "STATE LOCKED:" in flat and "a run on another machine" in flat, refused.tail()
-    assert "run again with -e csis_force_unlock=%s" % body["ID"] in flat, refused.tail()
-    assert e2e.meta_state_digest(tree.root) == before and state_lock_objects(ep, tree) == locks
-    # the operator found that job gone and names its lock: the plan step releases it and the run converges
-    run, recs = rerun(tree, ep, "plan-rerun.log", "p1", extra_vars={"csis_force_unlock": body["ID"]})
+    tree.lock_key = locks[0]
+    run, recs = rerun(tree, ep, "plan-rerun.log", "p1")
     assert recs["mnt_data"]["facts"]["volume_id"] == tree.first
-    # saying whose lock it was and how old by the store's clock
-    assert re.search(r"released the state lock: .* is locked by runner@awx-ee-7f9c .* lock ID %s, written \d+ (s|min) ago "
-                     r"by the store's clock\); its ID was given in csis_force_unlock" % re.escape(body["ID"]),
+    # the plan step released the dead run's lock (its holder, a terraform of this machine, is gone),
+    # saying how old it was by the store's clock, and the audit trail keeps it
+    assert re.search(r"released a stale state lock: .* lock ID [\w-]+, written \d+ (s|min) ago by the store's clock\)",
                      " ".join(run.out.split())), run.tail()
     assert not state_lock_objects(ep, tree)
-    # and the audit trail keeps it: whose lock went, on whose word
+    released = released_locks(tree)
+    assert len(released) == 1 and released[0]["root"] == "storage-aws-ebs", released
+    assert "its holder on this machine is gone" in released[0]["detail"], released
+
+
+def released_locks(tree):
+    """The audit trail's ``state lock released`` events, oldest first."""
     from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
 
-    released = [e for d in audit_trail(MetaState(tree.root)) for e in d.get("events") or []
-                if e.get("kind") == "state lock released"]
-    assert len(released) == 1 and released[0]["root"] == "storage-aws-ebs", released
-    assert body["ID"] in released[0]["detail"] and "csis_force_unlock" in released[0]["detail"], released
+    return [e for d in audit_trail(MetaState(tree.root)) for e in d.get("events") or []
+            if e.get("kind") == "state lock released"]
 
 
 def test_killed_between_gate_and_apply(tree, moto_endpoint):
@@ -230,8 +224,27 @@ def test_killed_between_gate_and_apply(tree, moto_endpoint):
     assert "Gate the plan" in text and "Start the apply of exactly that plan file" not in text
     assert e2e.meta_state_digest(tree.root) == before
     assert not tagged_volumes(ep, tree, "p2")
-    _run, recs = rerun(tree, ep, "gate-rerun.log", "p2")
+    # and a killed AWX job's lock is there too (its container gone: a lock of another machine, which
+    # csis cannot prove dead): the next run refuses, naming the lock's ID and how to release it
+    lock_id = str(uuid.uuid4())
+    body = {"ID": lock_id, "Operation": "OperationTypeApply", "Info": "", "Who": "runner@awx-ee-7f9c",
+            "Version": "1.11.0", "Created": "2026-12-07T01:00:00.000000000Z",
+            "Path": "%s/%s" % (ep.state_bucket, tree.lock_key[:-len(".tflock")])}
+    ep.client("s3").put_object(Bucket=ep.state_bucket, Key=tree.lock_key, Body=json.dumps(body).encode())
+    refused = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("gate-refused.log"))
+    flat = " ".join(refused.out.split())
+    assert refused.rc != 0 and "STATE LOCKED:" in flat and "a run on another machine" in flat, refused.tail()
+    assert "run again with -e csis_force_unlock=%s" % lock_id in flat, refused.tail()
+    assert e2e.meta_state_digest(tree.root) == before and state_lock_objects(ep, tree) == [tree.lock_key]
+    # the operator found that job gone and names its lock: the plan step releases it and the run converges
+    run, recs = rerun(tree, ep, "gate-rerun.log", "p2", extra_vars={"csis_force_unlock": lock_id})
     assert recs["mnt_data"]["facts"]["volume_id"] == tree.first
+    assert re.search(r"released the state lock: .* is locked by runner@awx-ee-7f9c .* lock ID %s, written \d+ (s|min) ago "
+                     r"by the store's clock\); its ID was given in csis_force_unlock" % lock_id,
+                     " ".join(run.out.split())), run.tail()
+    assert not state_lock_objects(ep, tree)
+    released = released_locks(tree)  # the audit trail: whose lock went, on whose word
+    assert len(released) == 2 and lock_id in released[-1]["detail"] and "csis_force_unlock" in released[-1]["detail"]
 
 
 def test_killed_during_apply_leaves_an_orphan_that_drift_reports_and_import_adopts(tree, moto_endpoint):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -115,6 +116,7 @@ def test_another_machines_lock_is_released_when_the_operator_names_its_id(tmp_pa
 
 def test_a_named_lock_a_live_local_process_holds_is_not_released(tmp_path, monkeypatch, locked):
     _info, calls = locked
+    monkeypatch.setattr(sl.procs, "available", lambda: True)
     monkeypatch.setattr(sl, "live_holders", lambda backend: [{"pid": 42, "argv": ["terraform", "apply"], "cwd": "/r"}])
     with pytest.raises(sl.StateLockError, match="held by a live process on this machine: 42"):
         sl.check_and_release(_root(tmp_path), confirmed_gone=["abc-123"])
@@ -249,3 +251,53 @@ def test_another_machines_lock_says_its_age_by_the_stores_clock(tmp_path, monkey
     assert "lock_age" not in sl.read_lock(sl.backend_of(root))  # the object's own NaN is dropped, nothing claimed
     with pytest.raises(sl.StateLockError, match=r"lock ID abc-123\), a run on another machine"):
         sl.check_and_release(root)
+
+
+def test_a_named_lock_of_another_user_here_that_a_live_process_holds_is_not_released(tmp_path, monkeypatch, locked):
+    """Another user's terraform on this machine works on the state: the operator's word does not override it."""
+    info, calls = locked
+    info["Who"] = "someone-else@" + sl.local_who().split("@", 1)[1]
+    monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
+    monkeypatch.setattr(sl.procs, "available", lambda: True)
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [{"pid": 42, "argv": ["terraform", "apply"], "cwd": "/r"}])
+    with pytest.raises(sl.StateLockError, match="held by a live process on this machine: 42"):
+        sl.check_and_release(_root(tmp_path), confirmed_gone=["abc-123"])
+    assert calls == []
+
+
+def test_where_processes_cannot_be_read_the_operators_word_is_taken(tmp_path, monkeypatch, locked):
+    _info, calls = locked
+    monkeypatch.setattr(sl.procs, "available", lambda: False)
+    res = sl.check_and_release(_root(tmp_path), confirmed_gone=["abc-123"])
+    assert res["released"] and len(calls) == 1
+
+
+def test_a_refusal_names_the_way_its_caller_takes_the_id(tmp_path, monkeypatch, locked):
+    info, _calls = locked
+    info["Who"] = "runner@awx-ee-7f9c"
+    monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
+    root = _root(tmp_path)
+    with pytest.raises(sl.StateLockError) as exc:  # a caller that takes no IDs (the state import) names none
+        sl.check_and_release(root, confirm_with=None)
+    assert "csis_force_unlock" not in str(exc.value) and "force-unlock abc-123" in str(exc.value)
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(root, confirm_with="give {id} to the module")
+    assert "release the lock: give abc-123 to the module, or terraform" in str(exc.value)
+    info["ID"] = ""  # no ID to name: nothing to run again with
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(root)
+    assert "csis_force_unlock" not in str(exc.value) and "force-unlock <ID>" in str(exc.value)
+
+
+def test_a_plan_that_fails_after_a_release_keeps_the_release_in_its_message(tmp_path, monkeypatch):
+    """The lock went before the plan failed: the failure (and so its audit record) says so."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply import tfplan
+
+    released = {"changed": True, "locked": True, "released": True, "msg": "released the state lock: X; its ID was given"}
+    monkeypatch.setattr(tfplan, "check_and_release", lambda *a, **k: dict(released))
+    root = str(tmp_path / "root")
+    os.makedirs(root)
+    false = shutil.which("false")
+    with pytest.raises(terraform.TerraformError) as exc:  # a real process that fails, standing for terraform
+        tfplan.make_plan(root, binary_path=false, release_stale_lock=True)
+    assert "terraform plan failed" in str(exc.value) and "(before this plan, released the state lock: X" in str(exc.value)

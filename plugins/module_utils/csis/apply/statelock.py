@@ -179,14 +179,22 @@ def _describe(info: Mapping[str, Any]) -> str:
                info.get("Operation") or "?", info.get("ID") or "?", written))
 
 
+#: how a refusal tells the operator to name a lock (``{id}``): the run variable the tofu_root role passes
+CONFIRM_BY_RUN_VARIABLE = ("run again with -e csis_force_unlock={id} (from AWX: the workflow's survey question "
+                           "'Release a state lock')")
+
+
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
-                      env: Optional[Mapping[str, str]] = None, confirmed_gone: Sequence[str] = ()) -> Dict[str, Any]:
+                      env: Optional[Mapping[str, str]] = None, confirmed_gone: Sequence[str] = (),
+                      confirm_with: Optional[str] = CONFIRM_BY_RUN_VARIABLE) -> Dict[str, Any]:
     """Release a lock whose holder is provably dead; refuse on any other lock. See module doc.
 
     ``confirmed_gone``: lock IDs the operator names as left by runs that are gone (the run
     variable ``csis_force_unlock``, from a refusal's message): such a lock is released whoever
-    took it, but for one a live process of this machine holds. An ID that is not the lock's
-    releases nothing (a lock taken since is another run's).
+    took it, but for one a live process of this machine holds (where its processes can be read:
+    elsewhere the operator's word is taken). An ID that is not the lock's releases nothing (a lock
+    taken since is another run's). ``confirm_with``: how a refusal says to name the lock (``{id}``),
+    None where the caller takes no IDs.
 
     A root holding terraform's ``errored.tfstate`` (an apply whose state never reached the
     backend) is refused first: :func:`.errored.check_errored_state`."""
@@ -203,24 +211,20 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     result.update(locked=True, lock=info)
     what = _describe(info)
     lock_id = str(info.get("ID") or "")
-    procedure = ("if that run is really gone, release the lock: run again with -e csis_force_unlock=%s (from AWX: the "
-                 "workflow's survey question 'Release a state lock'), or %s -chdir=%s force-unlock %s (docs/operations.md, 'State is locked')"
-                 % (lock_id or "<ID>", binary, root, lock_id or "<ID>"))
-    confirmed = bool(lock_id) and lock_id in {str(i).strip() for i in confirmed_gone}
-    ours = info.get("Who") == local_who()
-    if confirmed and not (ours and procs.available() and live_holders(backend)):
+    named = confirm_with.format(id=lock_id) + ", or " if confirm_with and lock_id else ""
+    procedure = ("if that run is really gone, release the lock: %s%s -chdir=%s force-unlock %s "
+                 "(docs/operations.md, 'State is locked')" % (named, binary, root, lock_id or "<ID>"))
+    if lock_id and lock_id in {str(i).strip() for i in confirmed_gone}:
+        # the operator's word, but for a live process of this machine (another user's too) working on this state
+        _refuse_live_holders(backend, what)
         return _release_confirmed(root, binary, env, release, result, what, lock_id)
-    if not ours:
+    if info.get("Who") != local_who():
         raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
                              "running: wait for it; %s" % (what, procedure))
     if not procs.available():
         raise StateLockError("STATE LOCKED: %s; this machine's processes cannot be read (no /proc), so whether its "
                              "holder is gone cannot be told: %s" % (what, procedure))
-    holders = live_holders(backend)
-    if holders:
-        pids = ", ".join("%d (%s in %s)" % (h["pid"], " ".join(h["argv"][:2]), h["cwd"]) for h in holders)
-        raise StateLockError("STATE LOCKED: %s, held by a live process on this machine: %s. "
-                             "Wait for that run to finish." % (what, pids))
+    _refuse_live_holders(backend, what)
     if not release or not info.get("ID"):
         raise StateLockError("STATE LOCKED: %s; its holder on this machine is gone (no terraform process "
                              "uses this state): %s" % (what, procedure), releasable=bool(info.get("ID")))
@@ -245,3 +249,12 @@ def _release_confirmed(root: str, binary: str, env: Optional[Mapping[str, str]],
         raise StateLockError("STATE LOCKED: %s; %s, but force-unlock failed (rc %d): %s" % (what, said, rc, output))
     result.update(changed=True, released=True, msg="released the state lock: %s; %s" % (what, said))
     return result
+
+
+def _refuse_live_holders(backend: Mapping[str, Any], what: str) -> None:
+    """Refuse while a process of this machine works on this state (where its processes can be read)."""
+    holders = live_holders(backend) if procs.available() else []
+    if holders:
+        pids = ", ".join("%d (%s in %s)" % (h["pid"], " ".join(h["argv"][:2]), h["cwd"]) for h in holders)
+        raise StateLockError("STATE LOCKED: %s, held by a live process on this machine: %s. "
+                             "Wait for that run to finish." % (what, pids))

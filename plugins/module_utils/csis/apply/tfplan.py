@@ -28,6 +28,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..errors import CsisError
 from ..terraform import TerraformError, terraform_env
 from .applycheck import LIFECYCLE_KEYS
 from .binding import open_binding, plan_path_of, read_binding, record_plan, sha256_file
@@ -161,6 +162,19 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
     root = os.path.abspath(project_path)
     lock = (check_and_release(root, real_binary or binary_path, env=env, confirmed_gone=force_unlock)
             if release_stale_lock and not check_mode else None)
+    try:
+        return _plan_to_file(root, plan_file, binary_path, variables, replace, env, timeout, check_mode, reads,
+                             skip_unapplied, lock)
+    except CsisError as exc:
+        if lock and lock.get("released"):  # the failure's message (and its audit record) keeps the release
+            exc.args = ("%s (before this plan, %s)" % (exc, lock["msg"]),)
+        raise
+
+
+def _plan_to_file(root: str, plan_file: str, binary_path: str, variables: Optional[Mapping[str, Any]],
+                  replace: Sequence[str], env: Optional[Mapping[str, str]], timeout: Optional[float], check_mode: bool,
+                  reads: Optional[Mapping[str, str]], skip_unapplied: bool,
+                  lock: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     plan_path = plan_path_of(root, plan_file)
     opened = open_binding(root, plan_file, check_mode=check_mode)
     argv = plan_argv(binary_path, plan_path, variables, replace)

@@ -254,7 +254,8 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
         if res["rc"] != 0:
             raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                                % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    lock = check_and_release(directory, binary)  # a stale lock left by a killed run of this machine
+    # a stale lock left by a killed run of this machine (the import takes no lock IDs from the operator)
+    lock = check_and_release(directory, binary, confirm_with=None)
     released = " (%s)" % lock["msg"] if lock.get("released") else ""
     if stale:
         res = terraform.run(binary, ["state", "rm", "-no-color", address], directory)
