@@ -73,7 +73,8 @@ options:
       - Before planning, do what M(csis.infra.csis_state_lock) does, in the same module run (the
         C(csis.infra.tofu_root) role sets it for every root's plan). A root holding
         C(errored.tfstate) is refused, an S3 state lock whose holder on this machine is gone is
-        released (with a warning naming it), as is one named in O(force_unlock); any other lock is refused with its holder and the procedure.
+        released (with a warning naming it), as is one named in O(force_unlock); any other lock is refused
+        with its holder and the procedure.
       - In check mode (terraform does not run) the lock is not looked at.
     type: bool
     default: false
@@ -81,8 +82,9 @@ options:
     description:
       - With O(release_stale_lock), the IDs of S3 state locks the operator found left by runs that are gone (a
         refusal names the lock's ID; the role passes the run variable C(csis_force_unlock)). Such a lock is released
-        whoever took it (another machine, a killed AWX job), but for one a live process of this machine works on (where its processes can be read); an ID
-        that is not the lock's releases nothing. The release is a warning in the run's output.
+        whoever took it (another machine, a killed AWX job), but for one a live process of this machine works on
+        (where its processes can be read); an ID that is not the lock's releases nothing. The release is a warning
+        in the run's output.
     type: list
     elements: str
     default: []
