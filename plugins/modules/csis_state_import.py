@@ -18,12 +18,17 @@ description:
     asked about.
   - Writes through a meta-state transaction. When the storage's root is rendered and initialised
     (C(generated/storage/<builder>/storage-generation/)) and its terraform state does not hold the resource, the
-    resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>), after releasing a
-    stale state lock left by a killed run of this machine), so the next storage run manages it instead of planning
-    its create; a state holding another id at that address is refused, unless that id is gone from the
+    resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>)), so the next storage
+    run manages it instead of planning its create; a state holding another id at that address is refused, unless that id is gone from the
     endpoint (it is then removed from the state first). A root whose files do not declare the storage yet is
     left to the storage run that renders it; a module call rendered since the root's last C(init) is installed
     first (C(terraform get)). A failed import records nothing.
+  - Before anything is done to the root, its S3 state lock is checked as the lifecycles' plan step checks it
+    (docs/operations.md, "State is locked"). A lock left by a killed run of this machine (no process of this
+    machine uses that state) is released, and so is a lock whose ID is in I(force_unlock) (a run on another machine,
+    a killed AWX job, that the operator found gone); each release is put in the audit trail
+    (V(state lock released), C(playbooks/history.yml)). Any other lock refuses the import, naming its holder, its
+    age and its ID.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
@@ -40,9 +45,19 @@ options:
   run:
     description: The run id recorded in the history.
     type: str
+  force_unlock:
+    description:
+      - IDs of state locks the operator found left by runs that are gone (C(playbooks/state_import.yml) passes the
+        run variable C(csis_force_unlock), a list or a comma-separated string). The root's lock is released when its
+        ID is one of them, whoever took it, but not while a process of this machine works on that state.
+      - An ID that is not the lock's releases nothing.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
-    details: Checks the resource and reports what it would record; writes nothing.
+    details: Checks the resource and the root's state lock and reports what it would record, import and release;
+      writes nothing. A lock a real run would refuse on is refused in check mode too.
 """
 
 EXAMPLES = r"""
@@ -86,8 +101,8 @@ result:
       description:
         - "One line on the root's terraform state. C(imported <id> into the terraform state of <root> as <address>),
           followed by what the import needed first, each in parentheses, when it did (an entry of a deleted
-          resource removed, the module call installed, and C(released a stale state lock ...) when a killed run of
-          this machine had left the root's S3 state lock); C(would import ...) in check mode; C(terraform state
+          resource removed, the module call installed, and C(released a stale state lock ...) or C(released the
+          state lock ...) when the root's S3 state lock was released); C(would import ...) in check mode; C(terraform state
           already holds ...); or C(terraform state not touched: ...) with the reason (the root not rendered and
           initialised yet, or rendered before the storage was declared)."
       type: str
@@ -101,14 +116,15 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import i
 
 def _import(module, p):
     res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
-                         check=module.check_mode, reveal=reveal_of(module))
+                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"])
     return dict(changed=res["changed"], result=res)
 
 
 RUN = ModuleRun(
     _import,
     argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
-                  storage_id=dict(type="str", required=True), run=dict(type="str")),
+                  storage_id=dict(type="str", required=True), run=dict(type="str"),
+                  force_unlock=dict(type="list", elements="str", default=[])),
     requires=("PyYAML", "pydantic"),
     options=dict(supports_check_mode=True),
 )

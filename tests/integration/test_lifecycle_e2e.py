@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import uuid
 from types import SimpleNamespace
 from typing import Any, Dict, List
 
@@ -497,10 +498,37 @@ def test_an_import_into_a_root_rendered_after_the_storage_was_declared_installs_
 
     res = drift.play("storage.yml")  # a dry run renders the module call; the root's init is untouched
     assert res.returncode == 0, res.stdout[-4000:]
+    # the root's state is locked by a run on another machine (a killed AWX job's: its container gone):
+    # the import refuses before it touches the root, naming the lock's ID and how to release it
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply.statelock import lock_key
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
+    from ansible_collections.csis.infra.plugins.module_utils.csis.tfstate import backend_of
+
+    bucket, key = lock_key(backend_of(directory))
+    lock_id = str(uuid.uuid4())
+    s3 = drift.moto.client("s3")
+    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps({
+        "ID": lock_id, "Operation": "OperationTypeApply", "Info": "", "Who": "runner@awx-ee-7f9c", "Version": "1.11.0",
+        "Created": "2026-12-07T01:00:00.000000000Z", "Path": "%s/%s" % (bucket, key[:-len(".tflock")])}).encode())
+    before = drift.meta("storage-state.yaml")
     res = drift.play("state_import.yml", import_storage="p2", storage_id=vid)
+    flat = " ".join(text(res).split())
+    assert res.returncode != 0 and "STATE LOCKED:" in flat and "a run on another machine" in flat, res.stdout[-4000:]
+    assert "run the state import again with -e csis_force_unlock=%s" % lock_id in flat, res.stdout[-4000:]
+    assert drift.meta("storage-state.yaml") == before
+    with open(os.path.join(directory, ".terraform", "modules", "modules.json"), encoding="utf-8") as fh:
+        installed = [m["Key"] for m in json.load(fh)["Modules"]]
+    assert "storage_p2" not in installed, "the refused import installed the module: %s" % installed
+    # the operator found that run gone and names its lock: the import releases it, installs, imports
+    res = drift.play("state_import.yml", import_storage="p2", storage_id=vid, csis_force_unlock=lock_id)
     assert res.returncode == 0, res.stdout[-4000:]
     assert ("imported %s into the terraform state of %s as module.storage_p2.aws_ebs_volume.this "
-            "(after installing its module storage_p2)" % (vid, directory)) in text(res), res.stdout[-4000:]
+            "(after installing its module storage_p2) (released the state lock: " % (vid, directory)) in text(res), \
+        res.stdout[-4000:]
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix=key)
+    released = [e for d in audit_trail(MetaState(drift.root)) for e in d.get("events") or []
+                if e.get("kind") == "state lock released"]
+    assert [e["root"] for e in released] == ["storage-aws-ebs"] and lock_id in released[0]["detail"], released
 
     # a real run (apply flags off: plan and gate only) manages the imported volume: no create of it
     res = drift.play("storage.yml", csis_dry_run=False)

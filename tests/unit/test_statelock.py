@@ -16,11 +16,11 @@ from ansible_collections.csis.infra.plugins.module_utils.csis import terraform
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import statelock as sl
 
 
-def _root(tmp_path, backend_type="s3", use_lockfile=True, workspace=None):
+def _root(tmp_path, backend_type="s3", use_lockfile=True, workspace=None, key="statefiles/x/aws_ebs.tfstate"):
     d = tmp_path / "root"
     (d / ".terraform").mkdir(parents=True)
     (d / ".terraform" / "terraform.tfstate").write_text(json.dumps({"backend": {"type": backend_type, "config": {
-        "bucket": "b", "key": "statefiles/x/aws_ebs.tfstate", "use_lockfile": use_lockfile, "region": "us-east-2"}}}))
+        "bucket": "b", "key": key, "use_lockfile": use_lockfile, "region": "us-east-2"}}}))
     if workspace:
         (d / ".terraform" / "environment").write_text(workspace)
     return str(d)
@@ -152,7 +152,9 @@ def test_live_holders_matches_the_same_state_only(tmp_path, monkeypatch):
 
 
 def test_live_holders_finds_a_terraform_process_on_the_same_state(tmp_path):
-    root = _root(tmp_path)
+    # a state of its own: its process would be a live holder of any other test's root on the same
+    # state (ansible-test units runs this file's tests in parallel, on several workers)
+    root = _root(tmp_path, key="statefiles/live-holder/aws_ebs.tfstate")
     fake = tmp_path / "bin" / "terraform"
     fake.parent.mkdir()
     fake.symlink_to("/bin/sleep")     # argv[0] is .../terraform

@@ -232,6 +232,32 @@ def test_import_into_a_root_rendered_again_since_its_init_installs_the_module_fi
         "module.storage_mnt_data.aws_ebs_volume.this%s" % (directory, after)
 
 
+@pytest.mark.parametrize("releasable", [True, False])
+def test_check_mode_of_an_import_checks_the_state_lock_as_a_real_run(root, monkeypatch, releasable):
+    """Check mode looks at the root's state lock without releasing it: a lock a real run would
+    release (a dead local run's, or one whose ID is in force_unlock) is named in the line; one a real
+    run would refuse on is refused. The operator's IDs reach the check."""
+    directory = _initialised_root(root, installed=("storage_mnt_data",))
+    seen = []
+
+    def locked(root_dir, binary="terraform", release=True, env=None, confirmed_gone=(), confirm_with=None):
+        seen.append((root_dir, release, list(confirmed_gone), confirm_with))
+        raise so.StateLockError("STATE LOCKED: the lock (lock ID abc)", releasable=releasable)
+
+    monkeypatch.setattr(so, "check_and_release", locked)
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    revision = MetaState(root).revision()
+    if releasable:
+        res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
+        assert res["terraform"].endswith("(a real run releases the state lock first: STATE LOCKED: the lock (lock ID abc))")
+    else:
+        with pytest.raises(so.StateLockError, match="STATE LOCKED: the lock"):
+            so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
+    assert seen == [(directory, False, ["abc"], "run the state import again with -e csis_force_unlock={id}")]
+    assert MetaState(root).revision() == revision
+
+
 def test_check_mode_of_an_import_into_terraform_alone_reports_the_change(root):
     """The record already holds the storage (an earlier state import, before its root was
     initialised): a real run only imports into terraform and reports changed, so check mode

@@ -183,6 +183,9 @@ def _describe(info: Mapping[str, Any]) -> str:
 CONFIRM_BY_RUN_VARIABLE = ("run again with -e csis_force_unlock={id} (from AWX: the workflow's survey question "
                            "'Release a state lock')")
 
+#: the same for ``playbooks/state_import.yml`` (it passes ``csis_force_unlock`` to csis_state_import)
+CONFIRM_BY_STATE_IMPORT = "run the state import again with -e csis_force_unlock={id}"
+
 
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
                       env: Optional[Mapping[str, str]] = None, confirmed_gone: Sequence[str] = (),

@@ -33,10 +33,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import terraform, tfstate
-from ..apply.statelock import check_and_release
+from ..apply.statelock import CONFIRM_BY_STATE_IMPORT, StateLockError, check_and_release
 from ..aws import ClientFactory, Endpoint, tree_access
 from ..clock import now
 from ..config.loader import load_tree
@@ -49,7 +49,7 @@ from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
 from .record import add_history, attaches, close_instance_records, mounted_storages, refresh_storage_model
-from .store import MetaState, audit_trail
+from .store import MetaState, audit_event, audit_trail
 
 
 class StateOpError(CsisError):
@@ -199,7 +199,7 @@ _TF_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this",
 
 
 def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool,
-                        gone: Any = None) -> Tuple[bool, str]:
+                        gone: Any = None, force_unlock: Sequence[str] = (), run: Optional[str] = None) -> Tuple[bool, str]:
     """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
     next storage run manages the imported resource instead of planning its create (which the gate
     refuses for a recorded storage). Only an initialised root (``init`` recorded its backend) is
@@ -211,6 +211,11 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     A state that holds another id there is refused, unless ``gone(id)`` says every id it holds
     is gone from the endpoint (a volume deleted out of band, the drift report's ``missing``): that
     entry is then removed from the state (``state rm``) before the import.
+
+    The root's S3 state lock is checked before anything is done to the root: a lock whose holder
+    on this machine is gone, or whose ID the operator gives in ``force_unlock`` (the run variable
+    ``csis_force_unlock``), is released and the release is put in the audit trail; any other lock
+    refuses the import (check mode says what a real run would release, or refuses the same way).
 
     Returns (whether the state was changed, or in check mode would be; what was done, for the
     operator)."""
@@ -246,17 +251,15 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
                               binary, directory, address))
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
     installed = " (after installing its module %s)" % call if install else ""
+    released = _release_state_lock(tree, builder, directory, binary, check, force_unlock, run)
     if check:
-        return True, "would import %s into the terraform state of %s as %s%s%s" % (
-            storage_id, directory, address, dropped, installed)
+        return True, "would import %s into the terraform state of %s as %s%s%s%s" % (
+            storage_id, directory, address, dropped, installed, released)
     if install:
         res = terraform.run(binary, ["get", "-no-color"], directory)
         if res["rc"] != 0:
             raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
                                % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    # a stale lock left by a killed run of this machine (the import takes no lock IDs from the operator)
-    lock = check_and_release(directory, binary, confirm_with=None)
-    released = " (%s)" % lock["msg"] if lock.get("released") else ""
     if stale:
         res = terraform.run(binary, ["state", "rm", "-no-color", address], directory)
         if res["rc"] != 0:
@@ -268,6 +271,28 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
                            % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
     return True, "imported %s into the terraform state of %s as %s%s%s%s" % (storage_id, directory, address, dropped,
                                                                              installed, released)
+
+
+def _release_state_lock(tree: Any, builder: Any, directory: str, binary: str, check: bool,
+                        force_unlock: Sequence[str], run: Optional[str]) -> str:
+    """The root's state lock before an import: released when its holder on this machine is gone or
+    the operator named its ID (audited), else refused (:func:`.check_and_release`). Returns what was
+    (check mode: would be) released, for the import's line, or ''."""
+    try:
+        lock = check_and_release(directory, binary, release=not check, confirmed_gone=force_unlock,
+                                 confirm_with=CONFIRM_BY_STATE_IMPORT)
+    except StateLockError as exc:
+        if check and exc.releasable:
+            return " (a real run releases the state lock first: %s)" % exc
+        raise
+    if not lock.get("released"):
+        return ""
+    key = "storage-%s" % builder.name
+    audit_event(tree.root, {"kind": "state lock released", "root": key, "lifecycle": "storage",
+                            "detail": lock["msg"][:2000]},
+                what="csis state lock released: %s" % key,
+                context={k: v for k, v in (("root", key), ("run", run), ("lifecycle", "storage")) if v})
+    return " (%s)" % lock["msg"]
 
 
 def _declares_module(directory: str, call: str) -> bool:
@@ -302,7 +327,7 @@ def _installed_modules(directory: str, data_dir: Optional[str]) -> set:
 
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
                    check: bool = False, factory: Optional[ClientFactory] = None,
-                   reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+                   reveal: Optional[Reveal] = None, force_unlock: Sequence[str] = ()) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     st = tree.storages.get(name)
     if st is None:
@@ -358,7 +383,8 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     result: Dict[str, Any] = {"storage": name, "type": stype, "id": storage_id, "facts": facts, "written": [],
                               "changed": True}
     # terraform first: a failed import leaves meta-state as it was
-    adopted, result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone)
+    adopted, result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone,
+                                                       force_unlock, run)
     old = recs.get(name) or {}
     if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
         # the record as it is: changed only by the import into terraform (check mode: one that would run)
