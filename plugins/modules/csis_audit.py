@@ -69,19 +69,14 @@ revision:
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import audit_event
-
-DETAIL_MAX = 2000
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import audit_root_event
 
 
 def _audit(module, p):
     if module.check_mode:  # a real run always writes the record
         return dict(changed=True, revision=0)
-    event = {k: p[k] for k in ("kind", "root", "step", "lifecycle", "plan_digest") if p[k]}
-    event["detail"] = (p["detail"] or "")[:DETAIL_MAX]
-    context = {"root": p["root"], "run": p["run_id"], "lifecycle": p["lifecycle"], "plan_digest": p["plan_digest"]}
-    revision = audit_event(p["config_root"], event, what="csis %s: %s" % (p["kind"], p["root"]),
-                           context={k: v for k, v in context.items() if v})
+    revision = audit_root_event(p["config_root"], p["kind"], p["root"], detail=p["detail"], step=p["step"],
+                                run=p["run_id"], lifecycle=p["lifecycle"], plan_digest=p["plan_digest"])
     return dict(changed=True, revision=revision)
 
 

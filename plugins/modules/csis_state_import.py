@@ -23,12 +23,13 @@ description:
     endpoint (it is then removed from the state first). A root whose files do not declare the storage yet is
     left to the storage run that renders it; a module call rendered since the root's last C(init) is installed
     first (C(terraform get)). A failed import records nothing.
-  - Before anything is done to the root, its S3 state lock is checked as the lifecycles' plan step checks it
-    (docs/operations.md, "State is locked"). A lock left by a killed run of this machine (no process of this
-    machine uses that state) is released, and so is a lock whose ID is in I(force_unlock) (a run on another machine,
-    a killed AWX job, that the operator found gone); each release is put in the audit trail
-    (V(state lock released), C(playbooks/history.yml)). Any other lock refuses the import, naming its holder, its
-    age and its ID.
+  - Before anything is done to the root (when its state does not hold the resource yet), its S3 state lock is
+    checked as the lifecycles' plan step checks it (docs/operations.md, "State is locked"). A lock left by a killed
+    run of this machine (no process of this machine uses that state) is released, and so is a lock whose ID is in
+    I(force_unlock) (a run on another machine, a killed AWX job, that the operator found gone); each release is put
+    in the audit trail (V(state lock released), C(playbooks/history.yml)), and a step that fails after it says so.
+    Any other lock refuses the import, naming its holder, its age and its ID. A root the import leaves alone (its
+    state already holds the resource, or it is not rendered and initialised) is not looked at.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
@@ -102,7 +103,8 @@ result:
         - "One line on the root's terraform state. C(imported <id> into the terraform state of <root> as <address>),
           followed by what the import needed first, each in parentheses, when it did (an entry of a deleted
           resource removed, the module call installed, and C(released a stale state lock ...) or C(released the
-          state lock ...) when the root's S3 state lock was released); C(would import ...) in check mode; C(terraform state
+          state lock ...) when the root's S3 state lock was released); C(would import ...) in check mode (its last
+          parenthesis C(after releasing the state lock ...) when a real run would release it first); C(terraform state
           already holds ...); or C(terraform state not touched: ...) with the reason (the root not rendered and
           initialised yet, or rendered before the storage was declared)."
       type: str

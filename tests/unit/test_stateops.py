@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from trees import copy_as_shipped
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import ops as so
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
@@ -242,7 +243,9 @@ def test_check_mode_of_an_import_checks_the_state_lock_as_a_real_run(root, monke
 
     def locked(root_dir, binary="terraform", release=True, env=None, confirmed_gone=(), confirm_with=None):
         seen.append((root_dir, release, list(confirmed_gone), confirm_with))
-        raise so.StateLockError("STATE LOCKED: the lock (lock ID abc)", releasable=releasable)
+        raise so.StateLockError("STATE LOCKED: the lock (lock ID abc); its holder ...: if that run is really gone, ...",
+                                releasable=releasable,
+                                lock="the lock (lock ID abc); its holder on this machine is gone" if releasable else None)
 
     monkeypatch.setattr(so, "check_and_release", locked)
     vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
@@ -250,12 +253,31 @@ def test_check_mode_of_an_import_checks_the_state_lock_as_a_real_run(root, monke
     revision = MetaState(root).revision()
     if releasable:
         res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
-        assert res["terraform"].endswith("(a real run releases the state lock first: STATE LOCKED: the lock (lock ID abc))")
+        assert res["terraform"].endswith(" as module.storage_mnt_data.aws_ebs_volume.this (after releasing the state lock: "
+                                         "the lock (lock ID abc); its holder on this machine is gone)"), res
     else:
         with pytest.raises(so.StateLockError, match="STATE LOCKED: the lock"):
             so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
     assert seen == [(directory, False, ["abc"], "run the state import again with -e csis_force_unlock={id}")]
     assert MetaState(root).revision() == revision
+
+
+def test_a_lock_the_import_released_is_audited_and_named_when_the_import_then_fails(root, monkeypatch):
+    """A real run that released the root's state lock puts the release in the audit trail as the
+    lifecycles' plan step does (csis_audit's event of the root), and a step that then fails (here
+    the real terraform's `get` of a module source that is not there) still says what was released."""
+    _initialised_root(root)  # the module call rendered, not installed: `terraform get` runs, and fails
+    said = "released the state lock: s is locked by runner@awx-ee-7f9c ...; its ID was given in csis_force_unlock"
+    monkeypatch.setattr(so, "check_and_release", lambda *a, **k: {"released": True, "msg": said, "locked": True})
+    before = ms(root, "storage-state.yaml")
+    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    with pytest.raises(so.StateOpError, match=r"(?s)get -no-color failed in .* \(before it, %s\)$" % re.escape(said)):
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r9", factory=vols, force_unlock=["x"])
+    events = [e for d in audit_trail(MetaState(root)) for e in d.get("events") or []]
+    assert events == [{"kind": "state lock released", "root": "storage-aws-ebs", "lifecycle": "storage", "detail": said}]
+    assert audit_trail(MetaState(root))[-1]["what"] == "csis state lock released: storage-aws-ebs"
+    assert ms(root, "storage-state.yaml") == before  # the failed import recorded nothing
 
 
 def test_check_mode_of_an_import_into_terraform_alone_reports_the_change(root):

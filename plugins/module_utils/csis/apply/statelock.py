@@ -40,11 +40,13 @@ TERRAFORM_NAMES = ("terraform", "tofu")
 
 
 class StateLockError(CsisError):
-    """A lock this run may not plan under. ``releasable``: one a run with ``release`` would have released."""
+    """A lock this run may not plan under. ``releasable``: one a run with ``release`` would have
+    released; ``lock``: then, the lock and why it would be released (for check mode's report)."""
 
-    def __init__(self, msg: str, releasable: bool = False) -> None:
+    def __init__(self, msg: str, releasable: bool = False, lock: Optional[str] = None) -> None:
         super().__init__(msg)
         self.releasable = releasable
+        self.lock = lock
 
 
 def local_who() -> str:
@@ -217,7 +219,7 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     named = confirm_with.format(id=lock_id) + ", or " if confirm_with and lock_id else ""
     procedure = ("if that run is really gone, release the lock: %s%s -chdir=%s force-unlock %s "
                  "(docs/operations.md, 'State is locked')" % (named, binary, root, lock_id or "<ID>"))
-    if lock_id and lock_id in {str(i).strip() for i in confirmed_gone}:
+    if lock_id and lock_id in {str(i).strip() for i in confirmed_gone or ()}:  # None: an unset run variable
         # the operator's word, but for a live process of this machine (another user's too) working on this state
         _refuse_live_holders(backend, what)
         return _release_confirmed(root, binary, env, release, result, what, lock_id)
@@ -230,7 +232,8 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     _refuse_live_holders(backend, what)
     if not release or not info.get("ID"):
         raise StateLockError("STATE LOCKED: %s; its holder on this machine is gone (no terraform process "
-                             "uses this state): %s" % (what, procedure), releasable=bool(info.get("ID")))
+                             "uses this state): %s" % (what, procedure), releasable=bool(info.get("ID")),
+                             lock="%s; its holder on this machine is gone" % what)
     rc, output = terraform.force_unlock(root, binary, str(info["ID"]), env)
     if rc != 0:
         raise StateLockError("STATE LOCKED: %s; its holder is gone but force-unlock failed (rc %d): %s"
@@ -246,7 +249,8 @@ def _release_confirmed(root: str, binary: str, env: Optional[Mapping[str, str]],
     """Release the lock the operator named (``csis_force_unlock``); terraform refuses if it changed."""
     said = "its ID was given in csis_force_unlock: the operator found its run gone"
     if not release:
-        raise StateLockError("STATE LOCKED: %s; %s: not released (release is off)" % (what, said), releasable=True)
+        raise StateLockError("STATE LOCKED: %s; %s: not released (release is off)" % (what, said), releasable=True,
+                             lock="%s; %s" % (what, said))
     rc, output = terraform.force_unlock(root, binary, lock_id, env)
     if rc != 0:
         raise StateLockError("STATE LOCKED: %s; %s, but force-unlock failed (rc %d): %s" % (what, said, rc, output))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import terraform, tfstate
 from ..apply.statelock import CONFIRM_BY_STATE_IMPORT, StateLockError, check_and_release
@@ -49,7 +49,7 @@ from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
 from .record import add_history, attaches, close_instance_records, mounted_storages, refresh_storage_model
-from .store import MetaState, audit_event, audit_trail
+from .store import MetaState, audit_root_event, audit_trail
 
 
 class StateOpError(CsisError):
@@ -251,24 +251,24 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
                               binary, directory, address))
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
     installed = " (after installing its module %s)" % call if install else ""
-    released = _release_state_lock(tree, builder, directory, binary, check, force_unlock, run)
+    lock = _release_state_lock(tree, builder, directory, binary, check, force_unlock, run)
+    released = " (%s)" % lock if lock else ""
     if check:
         return True, "would import %s into the terraform state of %s as %s%s%s%s" % (
             storage_id, directory, address, dropped, installed, released)
+
+    def run_or_fail(args: List[str]) -> None:
+        res = terraform.run(binary, args, directory)
+        if res["rc"] != 0:  # a lock released before it stays said (it is in the audit trail too)
+            raise StateOpError("storage '%s': %s failed in %s (rc %d): %s%s"
+                               % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:],
+                                  " (before it, %s)" % lock if lock else ""))
+
     if install:
-        res = terraform.run(binary, ["get", "-no-color"], directory)
-        if res["rc"] != 0:
-            raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
-                               % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
+        run_or_fail(["get", "-no-color"])
     if stale:
-        res = terraform.run(binary, ["state", "rm", "-no-color", address], directory)
-        if res["rc"] != 0:
-            raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
-                               % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
-    res = terraform.run(binary, ["import", "-input=false", "-no-color", address, storage_id], directory)
-    if res["rc"] != 0:
-        raise StateOpError("storage '%s': %s failed in %s (rc %d): %s"
-                           % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:]))
+        run_or_fail(["state", "rm", "-no-color", address])
+    run_or_fail(["import", "-input=false", "-no-color", address, storage_id])
     return True, "imported %s into the terraform state of %s as %s%s%s%s" % (storage_id, directory, address, dropped,
                                                                              installed, released)
 
@@ -283,16 +283,13 @@ def _release_state_lock(tree: Any, builder: Any, directory: str, binary: str, ch
                                  confirm_with=CONFIRM_BY_STATE_IMPORT)
     except StateLockError as exc:
         if check and exc.releasable:
-            return " (a real run releases the state lock first: %s)" % exc
+            return "after releasing the state lock: %s" % exc.lock
         raise
     if not lock.get("released"):
         return ""
-    key = "storage-%s" % builder.name
-    audit_event(tree.root, {"kind": "state lock released", "root": key, "lifecycle": "storage",
-                            "detail": lock["msg"][:2000]},
-                what="csis state lock released: %s" % key,
-                context={k: v for k, v in (("root", key), ("run", run), ("lifecycle", "storage")) if v})
-    return " (%s)" % lock["msg"]
+    audit_root_event(tree.root, "state lock released", "storage-%s" % builder.name, detail=lock["msg"], run=run,
+                     lifecycle="storage")
+    return str(lock["msg"])
 
 
 def _declares_module(directory: str, call: str) -> bool:

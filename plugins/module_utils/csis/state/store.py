@@ -1883,6 +1883,23 @@ def audit_event(config_root: str, event: Mapping[str, Any], what: Optional[str] 
     return int(txn.revision or 0)
 
 
+#: the longest ``detail`` an audit event of a root keeps (a gate's violations, a module's message)
+AUDIT_DETAIL_MAX = 2000
+
+
+def audit_root_event(config_root: str, kind: str, root: str, detail: str = "", step: Optional[str] = None,
+                     run: Optional[str] = None, lifecycle: Optional[str] = None,
+                     plan_digest: Optional[str] = None) -> int:
+    """Commit the audit record of an event of one root (``csis_audit``'s: a refused gate, a failed
+    step, a released state lock), as ``playbooks/history.yml`` filters them by root; its revision."""
+    fields = (("kind", kind), ("root", root), ("step", step), ("lifecycle", lifecycle), ("plan_digest", plan_digest))
+    event: Dict[str, Any] = {k: v for k, v in fields if v}
+    event["detail"] = (detail or "")[:AUDIT_DETAIL_MAX]
+    context = {"root": root, "run": run, "lifecycle": lifecycle, "plan_digest": plan_digest}
+    return audit_event(config_root, event, what="csis %s: %s" % (kind, root),
+                       context={k: v for k, v in context.items() if v})
+
+
 def record_at(ms: MetaState, name: str, key: str, revision: int) -> Optional[Dict[str, Any]]:
     """Record ``key`` of keyed file ``name`` as it was right after revision ``revision`` (None: it
     did not exist): the last change of it up to that revision, else (changed only later) what the
