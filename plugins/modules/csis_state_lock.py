@@ -55,7 +55,8 @@ notes:
   - In check mode nothing is released; a stale lock is reported as a change that would be made.
 attributes:
   check_mode:
-    details: Nothing is released; a stale lock is reported as a change that would be made.
+    details: Nothing is released; a stale lock (or one named in I(force_unlock)) is reported as a change that would be
+      made, C(msg) saying C(would release the state lock ...).
 '''
 
 EXAMPLES = r'''
@@ -100,8 +101,9 @@ def _release(module, p):
             return check_and_release(p['project_path'], p['binary_path'], release=False,
                                      confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
         except StateLockError as exc:
-            if exc.releasable:
-                return dict(changed=True, locked=True, released=False, lock=None, msg=str(exc))
+            if exc.releasable:  # what a real run would do, not the refusal a real run would not give
+                return dict(changed=True, locked=True, released=False, lock=None,
+                            msg="would release the state lock: %s" % exc.lock if exc.lock else str(exc))
             raise
     result = check_and_release(p['project_path'], p['binary_path'], release=p['release'],
                                confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)

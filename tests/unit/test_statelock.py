@@ -57,7 +57,12 @@ def locked(monkeypatch):
 def test_a_dead_local_holder_is_released(tmp_path, monkeypatch, locked):
     info, calls = locked
     monkeypatch.setattr(sl, "live_holders", lambda backend: [])
-    res = sl.check_and_release(_root(tmp_path))
+    root = _root(tmp_path)
+    with pytest.raises(sl.StateLockError) as exc:  # release off (check mode): what a real run releases
+        sl.check_and_release(root, release=False)
+    assert exc.value.releasable and exc.value.lock.endswith("lock ID abc-123); its holder on this machine is gone")
+    assert calls == []
+    res = sl.check_and_release(root)
     assert res["released"] and res["changed"]
     assert calls == [["terraform", "force-unlock", "-force", "-no-color", "abc-123"]]
     assert "its holder on this machine is gone" in res["msg"]
@@ -112,6 +117,11 @@ def test_another_machines_lock_is_released_when_the_operator_names_its_id(tmp_pa
     with pytest.raises(sl.StateLockError) as exc:
         sl.check_and_release(root, release=False, confirmed_gone=["abc-123"])
     assert exc.value.releasable and "not released" in str(exc.value) and len(calls) == 1
+    assert exc.value.lock.startswith("b/statefiles/x/aws_ebs.tfstate is locked by runner@awx-ee-7f9c since ")
+    assert exc.value.lock.endswith("lock ID abc-123); its ID was given in csis_force_unlock: the operator found its run gone")
+    # none named (an unset run variable, null from AWX): nothing released, the refusal as before
+    with pytest.raises(sl.StateLockError, match="a run on another machine"):
+        sl.check_and_release(root, confirmed_gone=None)
 
 
 @pytest.mark.parametrize("user", ["this user", "another user"])
