@@ -85,9 +85,9 @@ options:
         whoever took it (another machine, a killed AWX job), but for one a live process of this machine works on
         (where its processes can be read); an ID that is not the lock's releases nothing. The release is a warning
         in the run's output.
+      - Null (what AWX passes for a survey question left blank) is read as none.
     type: list
     elements: str
-    default: []
   real_binary:
     description:
       - The terraform (or tofu) binary itself when O(binary_path) is a wrapper (the role's
@@ -247,7 +247,7 @@ def _plan(module, p):
                            replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode,
                            release_stale_lock=p["release_stale_lock"], real_binary=p["real_binary"],
                            reads=p["reads"], skip_unapplied=p["unapplied_upstream"] == "skip",
-                           force_unlock=p["force_unlock"])
+                           force_unlock=p["force_unlock"] or [])
     except StateLockError as exc:  # the lock's own message, as csis_state_lock fails with it
         module.fail_json(msg=str(exc), changed=False)
     if (result.get("state_lock") or {}).get("released"):
@@ -268,7 +268,7 @@ RUN = ModuleRun(_plan, argument_spec(
     secret_env=dict(type="dict", default={}, no_log=True),
     timeout=dict(type="int", default=0),
     release_stale_lock=dict(type="bool", default=False),
-    force_unlock=dict(type="list", elements="str", default=[]),
+    force_unlock=dict(type="list", elements="str"),
     real_binary=dict(type="str"),
     reads=dict(type="dict", default={}),
     unapplied_upstream=dict(type="str", default="fail", choices=["fail", "skip"]),

@@ -52,9 +52,9 @@ options:
         run variable C(csis_force_unlock), a list or a comma-separated string). The root's lock is released when its
         ID is one of them, whoever took it, but not while a process of this machine works on that state.
       - An ID that is not the lock's releases nothing.
+      - Null (what AWX passes for a survey question left blank) is read as none.
     type: list
     elements: str
-    default: []
 attributes:
   check_mode:
     details: Checks the resource and the root's state lock and reports what it would record, import and release;
@@ -118,7 +118,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import i
 
 def _import(module, p):
     res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
-                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"])
+                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"] or [])
     return dict(changed=res["changed"], result=res)
 
 
@@ -126,7 +126,7 @@ RUN = ModuleRun(
     _import,
     argument_spec(CONFIG_ARGS, storage=dict(type="str", required=True),
                   storage_id=dict(type="str", required=True), run=dict(type="str"),
-                  force_unlock=dict(type="list", elements="str", default=[])),
+                  force_unlock=dict(type="list", elements="str")),
     requires=("PyYAML", "pydantic"),
     options=dict(supports_check_mode=True),
 )

@@ -47,9 +47,9 @@ options:
       - The IDs of locks the operator found left by runs that are gone (a refusal names the lock's ID). Such a lock is
         released whoever took it (another machine, a killed AWX job), but for one a live process of this machine
         works on (where its processes can be read); an ID that is not the lock's releases nothing.
+      - Null (what AWX passes for a survey question left blank) is read as none.
     type: list
     elements: str
-    default: []
 notes:
   - Uses the controller's boto3 with the AWS credentials of the environment (as terraform does).
   - In check mode nothing is released; a stale lock is reported as a change that would be made.
@@ -99,14 +99,14 @@ def _release(module, p):
     if module.check_mode:
         try:
             return check_and_release(p['project_path'], p['binary_path'], release=False,
-                                     confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
+                                     confirmed_gone=p['force_unlock'] or [], confirm_with=CONFIRM)
         except StateLockError as exc:
             if exc.releasable:  # what a real run would do, not the refusal a real run would not give
                 return dict(changed=True, locked=True, released=False, lock=None,
                             msg="would release the state lock: %s" % exc.lock if exc.lock else str(exc))
             raise
     result = check_and_release(p['project_path'], p['binary_path'], release=p['release'],
-                               confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
+                               confirmed_gone=p['force_unlock'] or [], confirm_with=CONFIRM)
     if result.get("released"):
         module.warn(result["msg"])
     return result
@@ -115,7 +115,7 @@ def _release(module, p):
 RUN = ModuleRun(
     _release,
     dict(project_path=dict(type='path', required=True), binary_path=dict(type='str', default='terraform'),
-         release=dict(type='bool', default=True), force_unlock=dict(type='list', elements='str', default=[])),
+         release=dict(type='bool', default=True), force_unlock=dict(type='list', elements='str')),
     failure=dict(changed=False),
     options=dict(supports_check_mode=True),
 )
