@@ -191,9 +191,11 @@ def test_vanished_volume_is_not_recreated_empty(tree, moto_endpoint):
     assert all_volume_ids(ep, tree) == vols                         # nothing created
     assert e2e.meta_state_digest(tree.root) == before         # nothing recorded
 
-    # the operator says "gone for good": forget, then the next run creates and records a new volume
+    # the operator says "gone for good": forget, then the next run creates and records a new volume (answered
+    # as the "csis forget" AWX job template's survey passes it: the other name left blank is null, force a string)
     forget = e2e.run_playbook("forget.yml", tree.root, ep.env, overlays=[ep.overlay_path],
-                              extra_vars={"forget_storage": "p1", "force": True}, log=tree.log("forget.log"))
+                              extra_vars={"forget_storage": "p1", "forget_instance": None, "force": "true"},
+                              log=tree.log("forget.log"))
     assert forget.rc == 0, forget.tail()
     again = e2e.run_playbook("storage.yml", tree.root, ep.env, overlays=overlays(ep), log=tree.log("recreated.log"))
     assert again.rc == 0, again.tail()

@@ -340,10 +340,33 @@ def test_plan_and_apply_templates_and_the_workflows() -> None:
     assert src["source"] == "scm" and src["source_project"] == "{{ csis_awx_project_name }}"
 
 
+def test_the_corrections_a_hard_line_asks_for_are_job_templates_with_surveys() -> None:
+    """state_import.yml and forget.yml, which clear a HARD line of the drift report, run from AWX:
+    each its job template, its answers from a survey (no variables prompted), one job at a time."""
+    play_vars = _plays()[0]["vars"]
+    jts = {t["awx.awx.job_template"]["name"]: t["awx.awx.job_template"] for t in _by_module("awx.awx.job_template")}
+    questions = {}
+    for name, playbook in (("{{ csis_awx_import_name }}", "playbooks/state_import.yml"),
+                           ("{{ csis_awx_forget_name }}", "playbooks/forget.yml")):
+        jt = jts[name]
+        assert jt["playbook"] in ("{{ csis_awx_import_playbook }}", "{{ csis_awx_forget_playbook }}")
+        assert play_vars[jt["playbook"][3:-3]] == playbook
+        assert jt["survey_enabled"] is True and jt["ask_variables_on_launch"] is False and jt["allow_simultaneous"] is False
+        assert jt["extra_vars"] == "{{ csis_awx_common_vars | combine(csis_awx_extra_vars) }}"
+        questions[playbook] = [(q["variable"], q["required"]) for q in jt["survey_spec"]["spec"]]
+    wanted = [("import_storage", True), ("storage_id", True), ("csis_force_unlock", False)]
+    assert questions["playbooks/state_import.yml"] == wanted
+    # exactly one of the two names (the playbook reads an empty or null answer as not given); no confirm
+    assert questions["playbooks/forget.yml"] == [("forget_storage", False), ("forget_instance", False), ("force", True)]
+    force = jts["{{ csis_awx_forget_name }}"]["survey_spec"]["spec"][2]
+    assert force["type"] == "multiplechoice" and force["choices"].split("\n") == ["false", "true"] and force["default"] == "false"
+
+
 def test_the_project_template_has_what_the_objects_name() -> None:
     play_vars = _plays()[0]["vars"]
     wanted = [lc["playbook"] for lc in play_vars["csis_awx_lifecycles"]]
-    wanted += [play_vars["csis_awx_verify_playbook"], play_vars["csis_awx_drift_playbook"]]
+    wanted += [play_vars["csis_awx_verify_playbook"], play_vars["csis_awx_drift_playbook"],
+               play_vars["csis_awx_import_playbook"], play_vars["csis_awx_forget_playbook"]]
     for rel in wanted:
         assert os.path.isfile(os.path.join(PROJECT_TEMPLATE, rel)), rel
         collection_playbook = os.path.join(REPO, rel)
