@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 import os
 import re
 import shutil
@@ -338,6 +339,56 @@ def test_plan_and_apply_templates_and_the_workflows() -> None:
 
     src = _by_module("awx.awx.inventory_source")[0]["awx.awx.inventory_source"]
     assert src["source"] == "scm" and src["source_project"] == "{{ csis_awx_project_name }}"
+
+
+def _surveys() -> List[Tuple[str, Dict[str, Any]]]:
+    out = []
+    for fqcn in ("awx.awx.job_template", "awx.awx.workflow_job_template"):
+        for task in _by_module(fqcn):
+            if task[fqcn].get("survey_spec"):
+                out.append((task[fqcn]["name"], task[fqcn]["survey_spec"]))
+    return out
+
+
+def test_every_survey_keeps_awxs_rules() -> None:
+    """What AWX's survey validation asks of a spec (awx/main/models/mixins.py, read for 24.6.1): a
+    name, a description and a list of questions, each with a known type, integer bounds, a string
+    default within them, a multiple choice's default among its (newline-separated) choices."""
+    surveys = _surveys()
+    assert len(surveys) == 3, [n for n, _s in surveys]  # the workflows' (one task, looped), state import, forget
+    for name, survey in surveys:
+        assert set(survey) == {"name", "description", "spec"} and survey["spec"], name
+        seen = set()
+        for q in survey["spec"]:
+            where = "%s: %s" % (name, q.get("variable"))
+            assert q["type"] in ("text", "multiplechoice"), where
+            assert q["variable"] not in seen and re.match(r"^[a-z_][a-z0-9_]*$", q["variable"]), where
+            seen.add(q["variable"])
+            assert q["question_name"] and isinstance(q["required"], bool), where
+            if q["type"] == "text":
+                assert isinstance(q["min"], int) and isinstance(q["max"], int) and q["min"] <= q["max"], where
+                assert q["required"] == (q["min"] > 0), where  # an optional answer may be empty
+                assert isinstance(q.get("default", ""), str) and len(q.get("default", "")) <= q["max"], where
+            else:
+                choices = q["choices"].split("\n")
+                assert all(c.strip() for c in choices) and q["default"] in choices, where
+
+
+@pytest.mark.skipif(not os.path.exists(PLAYBOOK_BIN), reason="needs the project venv")
+@pytest.mark.parametrize("answers,refused", [
+    ({"forget_storage": "p1", "forget_instance": "test"}, True),      # both names
+    ({"forget_storage": None, "forget_instance": " "}, True),          # neither (null, blank)
+    ({"forget_storage": "p1", "forget_instance": None}, False),        # one: on to the tree (none here)
+])
+def test_the_forget_job_templates_answers(tmp_path, answers, refused) -> None:
+    """forget.yml as the 'csis forget' survey answers it: exactly one name, a blank or null one not given."""
+    xv = dict(answers, csis_config_root=str(tmp_path / "no-tree"), force="true")
+    proc = subprocess.run([PLAYBOOK_BIN, os.path.join(REPO, "playbooks", "forget.yml"), "-e", json.dumps(xv)], cwd=REPO,
+                          env=_env(ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg")),
+                          capture_output=True, text=True, check=False, timeout=300)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0, out  # no tree: the third stops at the tree, after the check
+    assert ("pass exactly one of -e forget_instance=<name> and -e forget_storage=<name>" in out) == refused, out
 
 
 def test_the_corrections_a_hard_line_asks_for_are_job_templates_with_surveys() -> None:

@@ -309,3 +309,20 @@ def test_a_plan_that_fails_after_a_release_keeps_the_release_in_its_message(tmp_
     with pytest.raises(terraform.TerraformError) as exc:  # the real terraform, in a root with no configuration
         tfplan.make_plan(root, binary_path=binary, release_stale_lock=True)
     assert "terraform plan failed" in str(exc.value) and "(before this plan, released the state lock: X" in str(exc.value)
+
+
+@pytest.mark.parametrize("value,ids", [(None, None), ("", [""]), ("a, b", ["a", " b"]), (["x"], ["x"])])
+def test_the_roles_csis_force_unlock_takes_what_awx_and_a_terminal_pass(value, ids):
+    """roles/tofu_root's argument spec: null (an AWX survey question left blank, awx issue 16205),
+    an empty string, a comma-separated string and a list all pass the role's validation; none of
+    the first two can name a lock (check_and_release wants a non-empty ID)."""
+    import yaml
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "roles", "tofu_root", "meta", "argument_specs.yml")
+    with open(path, encoding="utf-8") as fh:
+        option = yaml.safe_load(fh)["argument_specs"]["main"]["options"]["csis_force_unlock"]
+    spec = {k: v for k, v in option.items() if k != "description"}
+    result = ArgumentSpecValidator({"csis_force_unlock": spec}).validate({"csis_force_unlock": value})
+    assert result.error_messages == [] and result.validated_parameters["csis_force_unlock"] == ids

@@ -258,7 +258,8 @@ def test_check_mode_of_an_import_checks_the_state_lock_as_a_real_run(root, monke
     else:
         with pytest.raises(so.StateLockError, match="STATE LOCKED: the lock"):
             so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
-    assert seen == [(directory, False, ["abc"], "run the state import again with -e csis_force_unlock={id}")]
+    assert seen == [(directory, False, ["abc"], so.CONFIRM_BY_STATE_IMPORT)]
+    assert so.CONFIRM_BY_STATE_IMPORT.startswith("run the state import again with -e csis_force_unlock={id} (from AWX: ")
     assert MetaState(root).revision() == revision
 
 

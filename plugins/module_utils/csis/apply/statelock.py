@@ -186,7 +186,8 @@ CONFIRM_BY_RUN_VARIABLE = ("run again with -e csis_force_unlock={id} (from AWX: 
                            "'Release a state lock')")
 
 #: the same for ``playbooks/state_import.yml`` (it passes ``csis_force_unlock`` to csis_state_import)
-CONFIRM_BY_STATE_IMPORT = "run the state import again with -e csis_force_unlock={id}"
+CONFIRM_BY_STATE_IMPORT = ("run the state import again with -e csis_force_unlock={id} (from AWX: the 'csis state import' "
+                           "job template's survey question 'Release a state lock')")
 
 
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
