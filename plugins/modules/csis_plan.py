@@ -247,7 +247,7 @@ def _plan(module, p):
                            replace=p["replace"], env=env, timeout=p["timeout"] or None, check_mode=module.check_mode,
                            release_stale_lock=p["release_stale_lock"], real_binary=p["real_binary"],
                            reads=p["reads"], skip_unapplied=p["unapplied_upstream"] == "skip",
-                           force_unlock=p["force_unlock"] or [])
+                           force_unlock=p["force_unlock"])
     except StateLockError as exc:  # the lock's own message, as csis_state_lock fails with it
         module.fail_json(msg=str(exc), changed=False)
     if (result.get("state_lock") or {}).get("released"):

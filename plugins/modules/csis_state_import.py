@@ -118,7 +118,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import i
 
 def _import(module, p):
     res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
-                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"] or [])
+                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"])
     return dict(changed=res["changed"], result=res)
 
 

@@ -99,14 +99,14 @@ def _release(module, p):
     if module.check_mode:
         try:
             return check_and_release(p['project_path'], p['binary_path'], release=False,
-                                     confirmed_gone=p['force_unlock'] or [], confirm_with=CONFIRM)
+                                     confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
         except StateLockError as exc:
             if exc.releasable:  # what a real run would do, not the refusal a real run would not give
                 return dict(changed=True, locked=True, released=False, lock=None,
                             msg="would release the state lock: %s" % exc.lock if exc.lock else str(exc))
             raise
     result = check_and_release(p['project_path'], p['binary_path'], release=p['release'],
-                               confirmed_gone=p['force_unlock'] or [], confirm_with=CONFIRM)
+                               confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
     if result.get("released"):
         module.warn(result["msg"])
     return result

@@ -191,12 +191,13 @@ CONFIRM_BY_STATE_IMPORT = ("run the state import again with -e csis_force_unlock
 
 
 def check_and_release(root: str, binary: str = "terraform", release: bool = True,
-                      env: Optional[Mapping[str, str]] = None, confirmed_gone: Sequence[str] = (),
+                      env: Optional[Mapping[str, str]] = None, confirmed_gone: Optional[Sequence[str]] = (),
                       confirm_with: Optional[str] = CONFIRM_BY_RUN_VARIABLE) -> Dict[str, Any]:
     """Release a lock whose holder is provably dead; refuse on any other lock. See module doc.
 
     ``confirmed_gone``: lock IDs the operator names as left by runs that are gone (the run
-    variable ``csis_force_unlock``, from a refusal's message): such a lock is released whoever
+    variable ``csis_force_unlock``, from a refusal's message; None, as AWX passes a blank survey
+    answer, names none): such a lock is released whoever
     took it, but for one a live process of this machine holds (where its processes can be read:
     elsewhere the operator's word is taken). An ID that is not the lock's releases nothing (a lock
     taken since is another run's). ``confirm_with``: how a refusal says to name the lock (``{id}``),

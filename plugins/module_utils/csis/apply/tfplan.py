@@ -140,7 +140,7 @@ def make_plan(project_path: str, plan_file: str = "tfplan", binary_path: str = "
               env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
               check_mode: bool = False, release_stale_lock: bool = False,
               real_binary: Optional[str] = None, reads: Optional[Mapping[str, str]] = None,
-              skip_unapplied: bool = False, force_unlock: Sequence[str] = ()) -> Dict[str, Any]:
+              skip_unapplied: bool = False, force_unlock: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
     """Open the plan binding, plan to ``plan_file``, record terraform's answer in the binding.
 
     ``release_stale_lock``: first :func:`.statelock.check_and_release` (with ``real_binary``, the

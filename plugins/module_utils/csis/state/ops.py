@@ -199,7 +199,7 @@ _TF_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this",
 
 
 def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool,
-                        gone: Any = None, force_unlock: Sequence[str] = (), run: Optional[str] = None) -> Tuple[bool, str]:
+                        gone: Any = None, force_unlock: Optional[Sequence[str]] = (), run: Optional[str] = None) -> Tuple[bool, str]:
     """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
     next storage run manages the imported resource instead of planning its create (which the gate
     refuses for a recorded storage). Only an initialised root (``init`` recorded its backend) is
@@ -274,7 +274,7 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
 
 
 def _release_state_lock(tree: Any, builder: Any, directory: str, binary: str, check: bool,
-                        force_unlock: Sequence[str], run: Optional[str]) -> str:
+                        force_unlock: Optional[Sequence[str]], run: Optional[str]) -> str:
     """The root's state lock before an import: released when its holder on this machine is gone or
     the operator named its ID (audited), else refused (:func:`.check_and_release`). Returns what was
     (check mode: would be) released, for the import's line, or ''."""
@@ -324,7 +324,7 @@ def _installed_modules(directory: str, data_dir: Optional[str]) -> set:
 
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
                    check: bool = False, factory: Optional[ClientFactory] = None,
-                   reveal: Optional[Reveal] = None, force_unlock: Sequence[str] = ()) -> Dict[str, Any]:
+                   reveal: Optional[Reveal] = None, force_unlock: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
     tree, meta = _load(config_root, overlays)
     st = tree.storages.get(name)
     if st is None:
