@@ -389,6 +389,7 @@ def test_the_forget_job_templates_answers(tmp_path, answers, refused) -> None:
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode != 0, out  # no tree: the third stops at the tree, after the check
     assert ("pass exactly one of -e forget_instance=<name> and -e forget_storage=<name>" in out) == refused, out
+    assert refused or "does not exist" in out, out  # one name: past the check, stopped by the missing tree
 
 
 def test_the_corrections_a_hard_line_asks_for_are_job_templates_with_surveys() -> None:

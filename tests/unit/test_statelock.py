@@ -109,6 +109,10 @@ def test_another_machines_lock_is_released_when_the_operator_names_its_id(tmp_pa
     with pytest.raises(sl.StateLockError) as exc:
         sl.check_and_release(root, confirmed_gone=["another-id"])  # an ID that is not this lock's releases nothing
     assert "run again with -e csis_force_unlock=abc-123" in str(exc.value) and not exc.value.releasable
+    # nor does a blank answer (an AWX survey left empty) or a part of the ID
+    for blank_or_part in ([""], [" "], ["abc"], ["abc-123-x"]):
+        with pytest.raises(sl.StateLockError, match="a run on another machine"):
+            sl.check_and_release(root, confirmed_gone=blank_or_part)
     assert calls == []
     res = sl.check_and_release(root, confirmed_gone=[" abc-123"])
     assert res["released"] and res["changed"] and calls == [["terraform", "force-unlock", "-force", "-no-color", "abc-123"]]
@@ -122,6 +126,10 @@ def test_another_machines_lock_is_released_when_the_operator_names_its_id(tmp_pa
     # none named (an unset run variable, null from AWX): nothing released, the refusal as before
     with pytest.raises(sl.StateLockError, match="a run on another machine"):
         sl.check_and_release(root, confirmed_gone=None)
+    info["ID"] = ""  # a lock without an ID: a blank answer does not name it
+    with pytest.raises(sl.StateLockError, match="a run on another machine"):
+        sl.check_and_release(root, confirmed_gone=[""])
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("user", ["this user", "another user"])
@@ -139,14 +147,17 @@ def test_a_named_lock_a_live_process_of_this_machine_holds_is_not_released(tmp_p
     assert calls == []
 
 
-def test_a_named_lock_whose_force_unlock_fails_stops_the_run(tmp_path, monkeypatch, locked):
-    info, _calls = locked
-    info["Who"] = "runner@awx-ee-7f9c"
+def test_a_named_lock_whose_force_unlock_fails_stops_the_run(tmp_path, monkeypatch):
+    """The real terraform's force-unlock, which fails here (the root's backend file is hand-made, not one it reads)."""
+    binary = shutil.which("terraform")
+    if binary is None:
+        pytest.skip("needs terraform on PATH")
+    info = {"ID": "abc-123", "Operation": "OperationTypeApply", "Who": "runner@awx-ee-7f9c",
+            "Created": "2026-01-01T00:00:00Z", "Path": "b/statefiles/x/aws_ebs.tfstate"}
     monkeypatch.setattr(sl, "read_lock", lambda backend: dict(info))
-    monkeypatch.setattr(terraform.subprocess, "run",
-                        lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "lock ID does not match"))
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [])
     with pytest.raises(sl.StateLockError, match=r"given in csis_force_unlock.*force-unlock failed \(rc 1\)"):
-        sl.check_and_release(_root(tmp_path), confirmed_gone=["abc-123"])
+        sl.check_and_release(_root(tmp_path), binary, confirmed_gone=["abc-123"])
 
 
 def test_live_holders_matches_the_same_state_only(tmp_path, monkeypatch):
@@ -299,16 +310,18 @@ def test_a_plan_that_fails_after_a_release_keeps_the_release_in_its_message(tmp_
     """The lock went before the plan failed: the failure (and so its audit record) says so."""
     from ansible_collections.csis.infra.plugins.module_utils.csis.apply import tfplan
 
-    released = {"changed": True, "locked": True, "released": True, "msg": "released the state lock: X; its ID was given"}
-    monkeypatch.setattr(tfplan, "check_and_release", lambda *a, **k: dict(released))
-    root = str(tmp_path / "root")
-    os.makedirs(root)
     binary = shutil.which("terraform")
     if binary is None:
         pytest.skip("needs terraform on PATH")
+    released = {"changed": True, "locked": True, "released": True, "msg": "released the state lock: X; its ID was given"}
+    asked = []
+    monkeypatch.setattr(tfplan, "check_and_release", lambda *a, **k: asked.append(k) or dict(released))
+    root = str(tmp_path / "root")
+    os.makedirs(root)
     with pytest.raises(terraform.TerraformError) as exc:  # the real terraform, in a root with no configuration
-        tfplan.make_plan(root, binary_path=binary, release_stale_lock=True)
+        tfplan.make_plan(root, binary_path=binary, release_stale_lock=True, force_unlock=["X"])
     assert "terraform plan failed" in str(exc.value) and "(before this plan, released the state lock: X" in str(exc.value)
+    assert [k["confirmed_gone"] for k in asked] == [["X"]]  # the operator's IDs reach the check
 
 
 @pytest.mark.parametrize("value,ids", [(None, None), ("", [""]), ("a, b", ["a", " b"]), (["x"], ["x"])])

@@ -259,7 +259,6 @@ def test_check_mode_of_an_import_checks_the_state_lock_as_a_real_run(root, monke
         with pytest.raises(so.StateLockError, match="STATE LOCKED: the lock"):
             so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
     assert seen == [(directory, False, ["abc"], so.CONFIRM_BY_STATE_IMPORT)]
-    assert so.CONFIRM_BY_STATE_IMPORT.startswith("run the state import again with -e csis_force_unlock={id} (from AWX: ")
     assert MetaState(root).revision() == revision
 
 
@@ -269,7 +268,8 @@ def test_a_lock_the_import_released_is_audited_and_named_when_the_import_then_fa
     the real terraform's `get` of a module source that is not there) still says what was released."""
     _initialised_root(root)  # the module call rendered, not installed: `terraform get` runs, and fails
     said = "released the state lock: s is locked by runner@awx-ee-7f9c ...; its ID was given in csis_force_unlock"
-    monkeypatch.setattr(so, "check_and_release", lambda *a, **k: {"released": True, "msg": said, "locked": True})
+    asked = []
+    monkeypatch.setattr(so, "check_and_release", lambda *a, **k: asked.append(k) or {"released": True, "msg": said, "locked": True})
     before = ms(root, "storage-state.yaml")
     vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
         {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
@@ -278,6 +278,8 @@ def test_a_lock_the_import_released_is_audited_and_named_when_the_import_then_fa
     events = [e for d in audit_trail(MetaState(root)) for e in d.get("events") or []]
     assert events == [{"kind": "state lock released", "root": "storage-aws-ebs", "lifecycle": "storage", "detail": said}]
     assert audit_trail(MetaState(root))[-1]["what"] == "csis state lock released: storage-aws-ebs"
+    assert audit_trail(MetaState(root))[-1]["context"]["run"] == "r9"
+    assert [(k["release"], k["confirmed_gone"]) for k in asked] == [(True, ["x"])]  # a real run, the operator's IDs
     assert ms(root, "storage-state.yaml") == before  # the failed import recorded nothing
 
 
