@@ -6,7 +6,8 @@ directory with ``project/``, ``inventory/`` and ``env/`` (``extravars``, and ``e
 standing in for a credential type's injectors).
 
 ``project/`` is a plain ``git clone`` of an AWX project as docs/awx-setup.md lays it out
-(issue 11, item 2): the configuration tree at its root plus the template of
+(issue 11, item 2): the configuration tree at its root, on the S3 meta-state store and S3
+state, as the page asks of AWX, plus the template of
 docs/awx-project/ (``collections/requirements.yml``, ``inventory/hosts.csis.yml``, wrapper
 playbooks importing ``csis.infra.<name>``). No symlink to this checkout and no ansible.cfg:
 csis.infra comes only from the built artifact, installed into a temporary collections path
@@ -14,6 +15,10 @@ csis.infra comes only from the built artifact, installed into a temporary collec
 ``ANSIBLE_COLLECTIONS_PATH`` names, as AWX names the path it installed the project's
 requirements into. The jobs run the project's ``playbooks/storage.yml`` with
 ``csis_config_root: .`` (ansible-runner, like AWX, starts ansible-playbook in the project).
+The plan job and the apply jobs run in two private data directories, each with its own clone
+(two execution nodes that share nothing but the cloud): the apply jobs' checkout has never
+seen a render, a terraform working directory or a record, and finds the plan job's receipt in
+the S3 store; the approved digest must not depend on where a checkout lies.
 
 plan job (``csis_phase=plan``) -> approval node -> apply job (``csis_phase=apply``) with
 the plan job's ``set_stats`` artifact ``csis_approved_plans`` as extra vars (what an AWX
@@ -36,6 +41,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 import artifact as artifact_support  # noqa: E402  (tests/support/artifact.py)
 import e2e  # noqa: E402
+from trees import declare_s3_store  # noqa: E402
 
 ansible_runner = pytest.importorskip("ansible_runner")
 
@@ -57,10 +63,12 @@ def _git(cwd, *args):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _project_repository(parent, key):
-    """The configuration tree's repository: the EBS tree at its root plus docs/awx-project/."""
+def _project_repository(parent, key, endpoint_url):
+    """The configuration tree's repository: the EBS tree at its root plus docs/awx-project/, its
+    meta-state in the S3 store (docs/awx-setup.md: every AWX job template needs it)."""
     repo = e2e.make_ebs_tree(parent, key, name="tree-repo")
     shutil.copytree(PROJECT_TEMPLATE, repo, dirs_exist_ok=True)
+    declare_s3_store(repo, endpoint_url, "awx/%s" % key)
     # the two-person rule: the apply job's launcher must not be the plan job's requester
     with open(os.path.join(repo, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
         fh.write("approvals:\n  distinct_approver: true\n")
@@ -70,8 +78,9 @@ def _project_repository(parent, key):
     return repo
 
 
-def _private_data_dir(parent, ep, repo, installed):
-    pdd = os.path.join(parent, "pdd")
+def _private_data_dir(parent, node, ep, repo, installed):
+    """An execution node's private data directory for a job, with its own clone of the project."""
+    pdd = os.path.join(parent, node, "pdd")
     os.makedirs(os.path.join(pdd, "inventory"))
     os.makedirs(os.path.join(pdd, "env"))
     _git(parent, "clone", "-q", repo, os.path.join(pdd, "project"))  # AWX: the project's SCM checkout
@@ -122,12 +131,17 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     monkeypatch.setenv("PATH", e2e.VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
     for name in [n for n in os.environ if n.startswith("ANSIBLE_")]:
         monkeypatch.delenv(name)
+    for name, value in ep.env.items():  # this process reads the S3 store too
+        monkeypatch.setenv(name, value)
     key = "awx-%s" % uuid.uuid4().hex[:8]
-    repo = _project_repository(str(tmp_path), key)
-    pdd = _private_data_dir(str(tmp_path), ep, repo, installed)
-    root = os.path.join(pdd, "project")  # the tree is the project's root
-    assert not os.path.islink(root) and not os.path.exists(os.path.join(root, "ansible.cfg"))
-    assert os.path.isfile(os.path.join(root, "collections", "requirements.yml"))
+    repo = _project_repository(str(tmp_path), key, ep.url)
+    # the plan job on one execution node, the apply jobs on another: two clones, two paths
+    pdd = _private_data_dir(str(tmp_path), "node-a", ep, repo, installed)
+    pdd_b = _private_data_dir(str(tmp_path), "node-b", ep, repo, installed)
+    root, root_b = os.path.join(pdd, "project"), os.path.join(pdd_b, "project")  # the tree is the project's root
+    for checkout in (root, root_b):
+        assert not os.path.islink(checkout) and not os.path.exists(os.path.join(checkout, "ansible.cfg"))
+        assert os.path.isfile(os.path.join(checkout, "collections", "requirements.yml"))
     base = {"csis_config_root": ".", "csis_dry_run": False, "csis_overlays": [ep.overlay_path, e2e.APPLY_ALL]}
 
     # AWX's own extra vars: who launched the job, the job and its workflow
@@ -154,6 +168,8 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
     receipt = approvals.receipts_of(root, ROOT_KEY)[approved[ROOT_KEY]]
     assert (receipt["requested_by"], receipt["plan_job"], receipt["workflow"]) == ("alice", "41", "40")
+    # ... in the S3 store, not on the plan job's node
+    assert not [f for _d, _s, files in os.walk(os.path.join(root, "meta-state")) for f in files if "receipt" in f]
     # csis.infra ran from the installed artifact: its modules vendored into the tree, nothing of the checkout
     assert os.path.isdir(os.path.join(root, "generated", ".modules", artifact_support.version()))
     assert e2e.REPO not in out, out[-4000:]
@@ -162,11 +178,13 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
 
     # 2. the configuration moved between the approval and the apply job: the volume would
     #    be created with another size (same address, same action, other values): refused
-    builders = os.path.join(root, "cfg", "storage-builders.yml")
+    #    (every apply job below runs on node B, whose checkout no run has touched)
+    assert not os.path.exists(os.path.join(root_b, "generated"))
+    builders = os.path.join(root_b, "cfg", "storage-builders.yml")
     original = open(builders, "rb").read()
-    e2e.set_storage_builder_size(root, "aws-ebs", 120)
+    e2e.set_storage_builder_size(root_b, "aws-ebs", 120)
     try:
-        r, out, _pdd = _job(pdd, "apply-moved", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
+        r, out, _pdd = _job(pdd_b, "apply-moved", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
     finally:
         open(builders, "wb").write(original)
     assert r.status == "failed", out[-4000:]
@@ -178,25 +196,30 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
 
     # 3. the digest alone approves nothing: without the plan job's receipt in the store
     #    (a digest computed elsewhere, passed as an extra var) the apply job refuses
-    record = os.path.join(root, "meta-state", "plan-receipts", ROOT_KEY + ".yaml")
-    os.rename(record, record + ".aside")
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+    ms_b = MetaState(root_b)
+    kept = ms_b.load_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY))
+    assert kept, "the plan job's receipt is not in the S3 store"
+    with ms_b.transaction("test: the receipt aside") as tx:
+        tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), None)
     try:
-        r, out, _pdd = _job(pdd, "apply-unreceipted", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
+        r, out, _pdd = _job(pdd_b, "apply-unreceipted", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
     finally:
-        os.rename(record + ".aside", record)
+        with ms_b.transaction("test: the receipt back") as tx:
+            tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), kept)
     assert r.status == "failed", out[-4000:]
     assert "%s: no plan job receipted this plan" % ROOT_KEY in out, out[-4000:]
     assert not _storages(root)
 
     # 4. approvals.distinct_approver: the requester cannot apply her own plan
-    r, out, _pdd = _job(pdd, "apply-self", dict(base, csis_phase="apply", csis_approved_plans=approved, **alice))
+    r, out, _pdd = _job(pdd_b, "apply-self", dict(base, csis_phase="apply", csis_approved_plans=approved, **alice))
     assert r.status == "failed", out[-4000:]
     assert "the apply job's launcher (alice) must differ from the plan job's requester (alice)" in out, out[-4000:]
     assert not _storages(root)
 
     # 5. the apply job with the approved digests, on the approved configuration, launched by
     #    someone else: applies, and the receipt records who approved it in which workflow
-    r, out, _pdd = _job(pdd, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
+    r, out, _pdd = _job(pdd_b, "apply", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
     assert r.status == "successful", out[-4000:]
     assert _ran(out, "Apply exactly that plan file") == ["changed"]
     receipt = approvals.receipts_of(root, ROOT_KEY)[approved[ROOT_KEY]]

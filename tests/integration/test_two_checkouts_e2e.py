@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 from day2_trees import Runner, make_tree, tail, text
-from trees import copy_as_shipped, replace_text
+from trees import copy_as_shipped, declare_s3_store
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.preflight import PreflightError, preflight
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, launched_instances
@@ -36,22 +36,6 @@ STORAGES = [{"name": "mnt_data", "mount_point": "/mnt/data", "groups": ["coops"]
 INSTANCES = [{"name": "test2", "image": "imgfile-basic-dask", "tags": {"hype": "test"},
               "storages": [{"name": "mnt_data", "mount_point": "/mnt/data"}]}]
 RECORDS = ("launch-params.yaml", "instance-state.yaml", "storage-state.yaml", "pins.yaml")
-
-
-def _declare_s3_store(root: str, endpoint_url: str, prefix: str) -> None:
-    """The S3 store on the tree's own S3 state backend, whose endpoint is the session's moto
-    server (the store reads the tree's declaration, not a run's overlays)."""
-    replace_text(os.path.join(root, "cfg", "state-backends.yml"), "url: http://127.0.0.1:5055", "url: %s" % endpoint_url)
-    with open(os.path.join(root, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
-        fh.write("meta_state:\n  backend: s3\n  state_backend: s3-east2\n  prefix: %s\n" % prefix)
-    # every root's terraform state shared too (validate refuses a root on local state beside the
-    # s3 meta-state): the example's identity root keeps its state on the controller's disk
-    path = os.path.join(root, "cfg", "group-builders.yml")
-    with open(path, encoding="utf-8") as fh:
-        groups = fh.read()
-    assert "state_configuration: local-state" in groups
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(groups.replace("state_configuration: local-state", "state_configuration: s3-east2"))
 
 
 def _local_records(root: str) -> list:
@@ -66,7 +50,7 @@ def clones(moto_endpoint, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("two-checkouts"))
     tag = "csis-2co-%s" % uuid.uuid4().hex[:6]
     a = make_tree(os.path.join(base, "a"), tag, STORAGES, INSTANCES)
-    _declare_s3_store(a, moto_endpoint.url, "two-checkouts/%s" % tag)
+    declare_s3_store(a, moto_endpoint.url, "two-checkouts/%s" % tag)
     # checkout B: the same declarations, nothing any run wrote
     b = copy_as_shipped(a, os.path.join(base, "b", "examples"))
     first = Runner(a, moto_endpoint).play("site.yml")

@@ -105,3 +105,16 @@ def replace_text(path: str, old: str, new: str) -> None:
     assert old in text, (path, old)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text.replace(old, new))
+
+
+def declare_s3_store(root: str, endpoint_url: str, prefix: str) -> None:
+    """Give a copy of the example tree the S3 meta-state store on its S3 state backend, whose
+    endpoint becomes ``endpoint_url`` (the store reads the tree's declaration, not a run's
+    overlays), and put every root's terraform state there too: validate refuses a root on local
+    state beside the S3 store, and the example's identity root keeps its state on the controller's
+    disk. What checkouts that share nothing but the cloud (AWX jobs) need (docs/awx-setup.md)."""
+    replace_text(os.path.join(root, "cfg", "state-backends.yml"), "url: http://127.0.0.1:5055", "url: %s" % endpoint_url)
+    with open(os.path.join(root, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
+        fh.write("meta_state:\n  backend: s3\n  state_backend: s3-east2\n  prefix: %s\n" % prefix)
+    replace_text(os.path.join(root, "cfg", "group-builders.yml"), "state_configuration: local-state",
+                 "state_configuration: s3-east2")
