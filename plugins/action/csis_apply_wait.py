@@ -65,7 +65,8 @@ class ActionModule(ActionBase):
             timeout = max(0.0, float(args.get("timeout", 0)))
         except (TypeError, ValueError) as exc:
             raise AnsibleActionFail("interval and timeout must be numbers: %s" % exc) from exc
-        log = args.get("log") or ""
+        # type: path, as the module documents it (no argument spec reads this action's options)
+        log = os.path.expanduser(os.path.expandvars(str(args.get("log")))) if args.get("log") else ""
         label = args.get("label") or self._task.get_name()
         started = time.monotonic()
         next_line = started + interval

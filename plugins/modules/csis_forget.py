@@ -18,7 +18,8 @@ description:
     the endpoint, or whose existence cannot be checked (endpoint down, permission refused), unless I(confirm) is true.
   - Destroy before delete. A storage recorded C(destroyed) is forgotten without a lookup. A record that still says the
     thing exists (a launched instance, a storage recorded C(active) or C(archived)) is forgotten only with I(force)
-    (the endpoint shows it gone) or I(confirm).
+    (the endpoint shows it gone) or I(confirm). Where nothing looked it up (no id of it is recorded, or a storage type
+    without a lookup, such as a generic C(tf-aws) one), only I(confirm), as nothing showed it gone.
   - Terraform state is not touched.
   - Idempotent. Forgetting again what was forgotten last (the instance's last generation closed C(why=forgotten),
     the storage's last audit record its forget) changes nothing and reports C(already_forgotten); a name that nothing
@@ -43,7 +44,7 @@ options:
       - Forget a record that is not C(destroyed) (a launched instance, a storage recorded C(active) or C(archived))
         whose resource the endpoint shows gone (the record of a thing destroyed outside the system).
       - Not needed for a storage recorded C(destroyed). Does not override the refusal for a resource that still
-        exists (that is I(confirm)).
+        exists, or whose existence cannot be checked or was not looked up (that is I(confirm)).
     type: bool
     default: false
   run:
@@ -76,8 +77,25 @@ result:
       description: The storage forgotten (with I(storage)).
       type: str
       sample: mnt_data
+    instance_id:
+      description: The forgotten instance's recorded machine id (with I(instance); null when none was recorded).
+      type: str
+      returned: with I(instance)
+      sample: i-0123456789abcdef0
+    was:
+      description: The state the storage was recorded in (with I(storage)).
+      type: str
+      returned: with I(storage), unless already forgotten
+      sample: active
+    mounted_by:
+      description: Launched instances whose launch parameters still mount the storage (their records are kept).
+      type: list
+      elements: str
+      returned: with I(storage), unless already forgotten
     checked:
-      description: What the endpoint said of the recorded resource, or C(already forgotten (...); nothing to do).
+      description:
+        - What the endpoint said of the recorded resource, C(not looked up (<why>)) when nothing looked it up, or
+          C(already forgotten (...); nothing to do).
       type: str
       sample: vol-0123456789abcdef0 is gone
     already_forgotten:

@@ -251,8 +251,12 @@ show_skipped:
   description:
     - True when C(show -json) was not run because M(csis.infra.csis_plan) recorded that terraform called
       these very plan bytes empty (C(-detailed-exitcode) 0); the plan is then gated as one without changes.
-  returned: with O(plan_file)
+  returned: with O(plan_file), once the plan's binding checks passed
   type: bool
+plan_file:
+  description: The absolute path of the plan file gated.
+  returned: with O(plan_file)
+  type: str
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate

@@ -198,7 +198,7 @@ binding:
   type: str
 plan_sha256:
   description: The sha256 of the plan file terraform wrote.
-  returned: when terraform ran
+  returned: when terraform planned (not for a root skipped for an unapplied upstream)
   type: str
 seconds:
   description: How long terraform took.
@@ -210,7 +210,7 @@ cmd:
   type: str
 stdout:
   description: The end of terraform's output.
-  returned: when terraform ran
+  returned: when terraform planned (not for a root skipped for an unapplied upstream)
   type: str
 stderr:
   description: The end of terraform's error output (its warnings).

@@ -107,8 +107,16 @@ removed_plan:
   description: Whether an old plan file was (or, in check mode, would be) removed.
   returned: when state=opened
   type: bool
+removed_binding:
+  description: Whether an old binding file was (or, in check mode, would be) replaced.
+  returned: when state=opened
+  type: bool
 plan_sha256:
   description: sha256 of the verified plan file.
+  returned: when state=verified
+  type: str
+gated:
+  description: UTC time the gate passed the plan (recorded in the binding).
   returned: when state=verified
   type: str
 verdict:

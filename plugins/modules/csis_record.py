@@ -80,7 +80,7 @@ RETURN = r"""
 written:
   description: The meta-state files this call wrote records of (only the records it changed, each one alone; empty
     when reality matched the records).
-  returned: success
+  returned: success (empty in check mode, which records nothing)
   type: list
   elements: str
 storages:
@@ -88,7 +88,7 @@ storages:
   returned: for storage roots
   type: dict
 instances:
-  description: What was recorded per instance (C(launched), C(standing), C(decommission), C(ephemeral)).
+  description: What was recorded per instance (C(launched), C(standing), C(decommission), C(ephemeral), C(gone)).
   returned: for instance roots
   type: dict
 bound:
@@ -107,7 +107,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.record impor
 
 def _record(module, p):
     if module.check_mode:
-        return dict(changed=False, msg="check mode: nothing recorded")
+        return dict(changed=False, written=[], msg="check mode: nothing recorded")
     out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"], applied=p["applied"],
                       context=p["context"])
     return dict(out, changed=bool(out.get("written")))

@@ -72,11 +72,11 @@ where:
   sample: meta-state/.run.lock
 reentered:
   description: True when this run already held the tree (a later lifecycle of C(site.yml)).
-  returned: success
+  returned: success, not in check mode
   type: bool
 held:
   description: Whether this run holds the tree (false only when O(required=false) let it go on without the lock).
-  returned: success
+  returned: success (false in check mode, which takes nothing)
   type: bool
 holder:
   description: >-
@@ -109,7 +109,7 @@ def _run(module, p):
             seen = runlock.peek(p["config_root"], timeout=max(0.0, p["timeout"]))
             for notice in seen.pop("notices"):
                 module.warn(notice)
-            return dict(changed=False, **seen)
+            return dict(changed=False, held=False, **seen)
         res = runlock.acquire(p["config_root"], timeout=max(0.0, p["timeout"]), what=p["what"], csis_run_id=p["run_id"])
     except runlock.RunLockBusy as exc:
         fail_from(module, exc)

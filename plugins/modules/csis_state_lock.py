@@ -52,11 +52,13 @@ options:
     elements: str
 notes:
   - Uses the controller's boto3 with the AWS credentials of the environment (as terraform does).
-  - In check mode nothing is released; a stale lock is reported as a change that would be made.
+  - In check mode nothing is released; a stale lock is reported as a change that would be made (with O(release) off,
+    check mode fails as a real run does).
 attributes:
   check_mode:
     details: Nothing is released; a stale lock (or one named in I(force_unlock)) is reported as a change that would be
-      made, C(msg) saying C(would release the state lock ...).
+      made, C(msg) saying C(would release the state lock ...) and C(lock) holding the lock's content; with O(release) off
+      it fails with the refusal a real run gives.
 '''
 
 EXAMPLES = r'''
@@ -80,6 +82,10 @@ released:
   description: Whether the module released the lock.
   returned: always
   type: bool
+msg:
+  description: What was found and done (or, in check mode, would be done).
+  returned: always
+  type: str
 lock:
   description:
     - The lock object's content (ID, Operation, Who, Created, Path, lock_object), or null.
@@ -101,8 +107,9 @@ def _release(module, p):
             return check_and_release(p['project_path'], p['binary_path'], release=False,
                                      confirmed_gone=p['force_unlock'], confirm_with=CONFIRM)
         except StateLockError as exc:
-            if exc.releasable:  # what a real run would do, not the refusal a real run would not give
-                return dict(changed=True, locked=True, released=False, lock=None,
+            # what a real run would do: release a lock it may release (with release on), else the refusal it gives
+            if exc.releasable and p['release']:
+                return dict(changed=True, locked=True, released=False, lock=exc.content,
                             msg="would release the state lock: %s" % exc.lock if exc.lock else str(exc))
             raise
     result = check_and_release(p['project_path'], p['binary_path'], release=p['release'],

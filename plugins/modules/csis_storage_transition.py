@@ -52,8 +52,9 @@ EXAMPLES = r"""
 RETURN = r"""
 result:
   description:
-    - What the step did (C(snapshot_id) and C(created); C(deleted) snapshots; C(removed) objects, C(absent) for a
-      bucket already gone); in check mode C(would) (what it would do) and the C(transition).
+    - What the step did (C(snapshot_id) and C(created); C(deleted) snapshots; C(removed) objects of C(bucket),
+      C(absent) for a bucket already gone; C(noop) for a transition that only records); in check mode C(would) (what
+      it would do) and the C(transition).
   returned: success
   type: dict
 """

@@ -111,7 +111,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 receipt:
-  description: The receipt written (with its C(path)).
+  description:
+    - The receipt written (with its C(path)).
+    - In check mode (nothing is written or run), C(path) (where the receipt would go) and C(would) (V(confirm), the
+      operator's word, or V(session), the unmount over SSM or SSH).
   returned: success
   type: dict
 """

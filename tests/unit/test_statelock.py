@@ -68,6 +68,32 @@ def test_a_dead_local_holder_is_released(tmp_path, monkeypatch, locked):
     assert "its holder on this machine is gone" in res["msg"]
 
 
+class _CheckModule:
+    check_mode = True
+
+    def warn(self, msg):  # pragma: no cover - check mode releases nothing
+        raise AssertionError("check mode warned: %s" % msg)
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_the_modules_check_mode_says_what_a_real_run_would_do(tmp_path, monkeypatch, locked, release):
+    """csis_state_lock --check: with release on, the lock a real run releases is a change it would make (and its
+    content is returned, as a real run returns it); with release off, the refusal a real run gives, not a change."""
+    from ansible_collections.csis.infra.plugins.modules import csis_state_lock
+    info, calls = locked
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [])
+    params = dict(project_path=_root(tmp_path), binary_path="terraform", release=release, force_unlock=None)
+    if release:
+        res = csis_state_lock._release(_CheckModule(), params)
+        assert (res["changed"], res["locked"], res["released"]) == (True, True, False)
+        assert res["lock"] == info and res["msg"].startswith("would release the state lock: ")
+    else:
+        with pytest.raises(sl.StateLockError, match="its holder on this machine is gone") as exc:
+            csis_state_lock._release(_CheckModule(), params)
+        assert exc.value.content == info
+    assert calls == []
+
+
 def test_a_live_local_holder_is_left_alone(tmp_path, monkeypatch, locked):
     _info, calls = locked
     monkeypatch.setattr(sl, "live_holders", lambda backend: [{"pid": 42, "argv": ["terraform", "apply"], "cwd": "/r"}])

@@ -119,8 +119,31 @@ def test_forget_a_destroyed_storage_needs_no_word_and_no_lookup(root):
         data["storages"]["mnt_data"]["state"] = "destroyed"
         txn.save("storage-state.yaml", data)
     res = so.forget_storage(root, "mnt_data", run="r1", factory=fake())  # any AWS call would fail (no handler)
-    assert res["was"] == "destroyed" and res["checked"] == "not looked up"
+    assert res["was"] == "destroyed" and res["checked"] == "not looked up (recorded destroyed)"
     assert ms(root, "storage-state.yaml")["storages"] == {}
+
+
+def test_force_does_not_forget_what_nothing_looked_up(root):
+    """force is for what the endpoint shows gone: a record that is not destroyed and whose resource nothing looked up
+    (no id recorded) needs confirm, as one whose existence cannot be checked does; check mode refuses alike."""
+    with MetaState(root).transaction("test") as txn:
+        data = txn.load("storage-state.yaml")
+        data["storages"]["mnt_data"]["facts"].pop("volume_id")
+        txn.save("storage-state.yaml", data)
+        inst = txn.load("instance-state.yaml")
+        inst["instances"]["test2"]["current"].pop("instance_id")
+        txn.save("instance-state.yaml", inst)
+    for forget, name, state, why in ((so.forget_storage, "storage 'mnt_data'", "active", "no id of it is recorded"),
+                                     (so.forget_instance, "instance 'test2'", "launched", "no instance id of it is recorded")):
+        target = name.split("'")[1]
+        for check in (False, True):
+            with pytest.raises(so.StateOpError, match=r"%s is recorded %s, not destroyed, and its resource was not looked "
+                                                      r"up \(%s\): whether it is gone cannot be told, so force does not "
+                                                      r"apply.*confirm=true" % (name, state, why)):
+                forget(root, target, run="r1", factory=fake(), force=True, check=check)  # any AWS call would fail
+        res = forget(root, target, run="r1", factory=fake(), confirm=True)
+        assert res["checked"] == "not looked up (%s)" % why and res["written"], res
+    assert ms(root, "storage-state.yaml")["storages"] == {} and ms(root, "launch-params.yaml")["instances"] == {}
 
 
 def test_forget_instance(root):

@@ -41,12 +41,15 @@ TERRAFORM_NAMES = ("terraform", "tofu")
 
 class StateLockError(CsisError):
     """A lock this run may not plan under. ``releasable``: one a run with ``release`` would have
-    released; ``lock``: then, the lock and why it would be released (for check mode's report)."""
+    released; ``lock``: then, the lock and why it would be released (for check mode's report);
+    ``content``: then, the lock object's content (what ``check_and_release`` returns as ``lock``)."""
 
-    def __init__(self, msg: str, releasable: bool = False, lock: Optional[str] = None) -> None:
+    def __init__(self, msg: str, releasable: bool = False, lock: Optional[str] = None,
+                 content: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__(msg)
         self.releasable = releasable
         self.lock = lock
+        self.content = dict(content) if content is not None else None
 
 
 def local_who() -> str:
@@ -235,7 +238,7 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     if not release or not info.get("ID"):
         raise StateLockError("STATE LOCKED: %s; its holder on this machine is gone (no terraform process "
                              "uses this state): %s" % (what, procedure), releasable=bool(info.get("ID")),
-                             lock="%s; its holder on this machine is gone" % what)
+                             lock="%s; its holder on this machine is gone" % what, content=info)
     rc, output = terraform.force_unlock(root, binary, str(info["ID"]), env)
     if rc != 0:
         raise StateLockError("STATE LOCKED: %s; its holder is gone but force-unlock failed (rc %d): %s"
@@ -252,7 +255,7 @@ def _release_confirmed(root: str, binary: str, env: Optional[Mapping[str, str]],
     said = "its ID was given in csis_force_unlock: the operator found its run gone"
     if not release:
         raise StateLockError("STATE LOCKED: %s; %s: not released (release is off)" % (what, said), releasable=True,
-                             lock="%s; %s" % (what, said))
+                             lock="%s; %s" % (what, said), content=result["lock"])
     rc, output = terraform.force_unlock(root, binary, lock_id, env)
     if rc != 0:
         raise StateLockError("STATE LOCKED: %s; %s, but force-unlock failed (rc %d): %s" % (what, said, rc, output))

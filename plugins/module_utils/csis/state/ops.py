@@ -70,6 +70,18 @@ def _load(config_root: str, overlays: Any) -> Any:
     return tree, meta
 
 
+#: what a forget's ``checked`` starts with when nothing looked the resource up
+NOT_LOOKED_UP = "not looked up"
+
+
+def not_looked_up(what: str, recorded: str, checked: str) -> StateOpError:
+    """The refusal to forget, with ``force``, a record that is not destroyed and whose resource nothing
+    looked up: ``force`` is for what the endpoint shows gone, and nothing showed it."""
+    return StateOpError("%s is recorded %s, not destroyed, and its resource was %s: whether it is gone cannot be told, "
+                        "so force does not apply. Destroy it through its lifecycle, or pass confirm=true to forget "
+                        "the record anyway" % (what, recorded, checked))
+
+
 def not_destroyed(what: str, recorded: str, checked: str) -> StateOpError:
     """The refusal to forget a record that is not destroyed (destroy before delete)."""
     return StateOpError("%s is recorded %s, not destroyed (at the endpoint: %s). Destroy before delete: a record is "
@@ -110,7 +122,7 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
                            % (name, ", ".join(sorted(lps)) or "none"))
     exp = expectations(tree, meta)["instances"].get(name) or {}
     iid = ((iss.get(name) or {}).get("current") or {}).get("instance_id")
-    checked = "no instance id recorded"
+    checked = NOT_LOOKED_UP + " (no instance id of it is recorded)"
     if iid:
         rt = exp.get("runtime") or (lps.get(name) or {}).get("runtime")
         try:
@@ -131,6 +143,8 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
         else:
             checked = "%s is gone%s" % (iid, " (%s)" % obs["state"] if obs.get("state") else "")
     live = bool((lps.get(name) or {}).get("launched")) or bool((iss.get(name) or {}).get("current"))
+    if live and not iid and not confirm:
+        raise not_looked_up("instance '%s'" % name, "launched", checked)
     if live and not (force or confirm):
         raise not_destroyed("instance '%s'" % name, "launched", checked)
     run = run or run_id()
@@ -160,7 +174,9 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
         raise StateOpError("storage '%s': nothing is recorded for it (recorded storages: %s)"
                            % (name, ", ".join(sorted(recs)) or "none"))
     exp = expectations(tree, meta)["storages"].get(name)
-    checked = "not looked up"
+    checked = NOT_LOOKED_UP + (" (recorded destroyed)" if recs[name].get("state") == "destroyed"
+                               else " (a storage of its type has no lookup)" if exp is None
+                               else " (no id of it is recorded)")
     if exp is not None and recs[name].get("state") != "destroyed":
         try:
             obs = lookup_storage(_endpoint(tree, exp.get("runtime"), factory, reveal), exp)
@@ -179,6 +195,8 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
             checked = "%s %s still exists; forgotten on confirm" % (obs.get("what"), obs.get("id"))
         elif obs:
             checked = "%s %s is gone" % (obs.get("what"), obs.get("id"))
+    if recs[name].get("state") != "destroyed" and checked.startswith(NOT_LOOKED_UP) and not confirm:
+        raise not_looked_up("storage '%s'" % name, recs[name].get("state"), checked)
     if recs[name].get("state") != "destroyed" and not (force or confirm):
         raise not_destroyed("storage '%s'" % name, recs[name].get("state"), checked)
     mounted = sorted(n for n, r in meta["launch-params.yaml"]["instances"].items() if attaches(name, r))
