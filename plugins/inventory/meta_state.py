@@ -54,8 +54,9 @@ description:
   - "Caching follows the standard inventory cache: with O(cache=true) the records are
     read from the cache plugin until O(cache_timeout) expires, even if meta-state
     changed meanwhile. Use C(--flush-cache) (or C(ansible.builtin.meta: refresh_inventory) in a play) after a
-    lifecycle run to see new instances at once. A cache entry made for another
-    O(config_root) or another S3 store is ignored."
+    lifecycle run to see new instances at once. A cache entry made for another store is
+    ignored (another O(config_root), a tree that now declares another meta-state store, another
+    S3 bucket or prefix, or another endpoint, region or profile)."
 extends_documentation_fragment:
   - constructed
   - inventory_cache
@@ -107,8 +108,9 @@ options:
     description: The bucket's region (with O(meta_state_backend=s3)); the environment's region when unset.
     type: str
     env:
-      - name: AWS_REGION
+      # the last one set wins: AWS_REGION over AWS_DEFAULT_REGION, as boto3 and amazon.aws take them
       - name: AWS_DEFAULT_REGION
+      - name: AWS_REGION
   meta_state_endpoint:
     description:
       - The S3 endpoint URL (with O(meta_state_backend=s3)), for S3-compatible stores, VPC or
@@ -153,6 +155,8 @@ options:
         the session-manager-plugin.
       - V(ssh) sets C(ansible_connection=ssh), C(ansible_host) (the private address)
         and, if O(ssh_user) is set, C(ansible_user).
+      - With V(ssm) or V(ssh), an instance with no recorded instance id or private address (no generation of it is
+        recorded) is left out with a warning, never reached by its bare name.
       - These are set before O(compose), which can override them.
     type: str
     choices: ['none', 'ssm', 'ssh']
@@ -239,7 +243,7 @@ except ImportError:  # 2.17 and 2.18: a string is a template unless marked unsaf
     from ansible.utils.unsafe_proxy import wrap_var as _unsafe
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import CsisError
-from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import LocalObjects, S3Objects
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import CONFIG_REL, LocalObjects, S3Objects, open_objects
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import (
     META_STATE_DIR, MetaState, launched_instances)
 
@@ -267,14 +271,32 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             root = os.path.join(os.path.dirname(os.path.abspath(path)), root)
         return os.path.normpath(root)
 
+    @staticmethod
+    def _identity(objects):
+        """What a cache entry was read from: the store itself (a local tree's meta-state directory,
+        or the S3 store's location with the endpoint, region, profile and addressing that reach
+        it; never credentials), so an entry read from another store is not taken for this one's."""
+        if getattr(objects, "kind", "") != "s3":
+            return "local:%s" % objects.where
+        access = objects.access
+        return "%s endpoint=%s region=%s profile=%s path_style=%s" % (
+            objects.where, (access.get("endpoints") or {}).get("s3") or "", access.get("region") or "",
+            access.get("profile") or "", bool(access.get("s3_use_path_style")))
+
     def _store(self, path):
-        """(what the records are read from, for messages and the cache entry; a function
-        opening the :class:`MetaState`)."""
+        """(what the records are read from, for messages; the store's identity, for the cache
+        entry; a function opening the :class:`MetaState`)."""
         backend = self.get_option("meta_state_backend") or "auto"
         if backend != "s3":
             root = self._config_root(path)
-            objects = LocalObjects(root) if backend == "local" else None
-            return root, lambda: MetaState(root, objects=objects)
+            if backend == "local":
+                objects = LocalObjects(root)
+            else:  # the store the tree declares, known before a cache entry is taken
+                try:
+                    objects = open_objects(root)
+                except CsisError as exc:
+                    raise AnsibleParserError("csis.infra.meta_state: %s: %s" % (root, to_native(exc)))
+            return root, self._identity(objects), lambda: MetaState(root, objects=objects)
         bucket = (self.get_option("meta_state_bucket") or "").strip()
         if not bucket:
             raise AnsibleParserError("csis.infra.meta_state: %s: 'meta_state_backend: s3' needs 'meta_state_bucket' "
@@ -286,13 +308,19 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                   "s3_use_path_style": bool(self.get_option("meta_state_path_style"))}
         objects = S3Objects(access, bucket, self.get_option("meta_state_prefix") or "")
         # no tree: never read (or migrate) the local meta-state of the source's directory
-        return objects.where, lambda: MetaState(os.path.dirname(os.path.abspath(path)), objects=objects,
-                                                migrate_local=False)
+        return objects.where, self._identity(objects), lambda: MetaState(
+            os.path.dirname(os.path.abspath(path)), objects=objects, migrate_local=False)
 
     def _load_records(self, source, open_store):
         if not source.startswith("s3://") and not os.path.isdir(source):
             self.display.warning("csis.infra.meta_state: config root %s does not exist; "
                                  "the inventory is empty" % source)
+        elif (not source.startswith("s3://") and not os.path.isfile(os.path.join(source, CONFIG_REL))
+              and not os.path.isdir(os.path.join(source, META_STATE_DIR))):
+            # a mistyped config_root (or the default '.' in the wrong directory): say so, do not list
+            # nothing in silence (an AWX inventory source that overwrites would empty the inventory)
+            self.display.warning("csis.infra.meta_state: config root %s is not a configuration tree (no %s, no %s/); "
+                                 "the inventory is empty" % (source, CONFIG_REL, META_STATE_DIR))
         ms = None
         try:
             ms = open_store()
@@ -435,8 +463,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         compose, groups, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
         constructed = bool(compose or groups or keyed)
         connection = self._connection_vars
+        # what the connection option reaches a host by: a host without it is left out, never reached by
+        # its bare name (which DNS could resolve to another machine)
+        address = {"ssh": "csis_private_ip", "ssm": "csis_instance_id"}.get(self.get_option("connection"))
         seen = {}
         unnamed = []
+        unaddressed = []
         group_names = {}
         for name in sorted(records):
             hostvars = self._hostvars(records[name])
@@ -445,6 +477,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             host = self._host_name(hostvars)
             if host is None:
                 unnamed.append(name)
+                continue
+            if address and not hostvars[address]:
+                unaddressed.append(name)
                 continue
             if host in seen:
                 raise AnsibleParserError(
@@ -472,16 +507,22 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self.display.warning(
                 "csis.infra.meta_state: left out %d instance(s) with none of hostnames %s: %s"
                 % (len(unnamed), self.get_option("hostnames"), ", ".join(unnamed)))
+        if unaddressed:
+            self.display.warning(
+                "csis.infra.meta_state: left out %d instance(s) with no recorded %s, which connection: %s reaches "
+                "them by (no generation of theirs is recorded; playbooks/state_query.yml): %s"
+                % (len(unaddressed), "private address" if address == "csis_private_ip" else "instance id",
+                   self.get_option("connection"), ", ".join(unaddressed)))
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache=cache)
         self._read_config_data(path)
-        source, open_store = self._store(path)
+        source, identity, open_store = self._store(path)
 
-        records = self._get_cached(path, cache, source)
+        records = self._get_cached(path, cache, identity)
         from_cache = records is not None
         if not from_cache:
             records = self._load_records(source, open_store)
 
         self._populate(records)
-        self._update_cache(path, cache, source, records, from_cache)
+        self._update_cache(path, cache, identity, records, from_cache)

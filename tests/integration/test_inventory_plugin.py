@@ -171,8 +171,22 @@ def test_duplicate_host_names_fail(tmp_path, config_root):
     assert "instances 'test2' and 'test3' both resolve to host name 'db'" in proc.stderr
 
 
+def _launched_without_a_generation(config_root):
+    """A launch record with no open generation: no instance id, no private address to reach it by."""
+    with MetaState(str(config_root)).transaction() as txn:
+        lp = txn.load("launch-params.yaml")
+        lp["instances"]["bare"] = dict(LAUNCH_PARAMS["instances"]["test2"], hostname="bare-001")
+        txn.save("launch-params.yaml", lp)
+
+
 def test_ssm_connection_variables(tmp_path, config_root):
-    inv = inventory_list(write_source(tmp_path, connection="ssm", ssm_bucket_name="ssm-xfer"))
+    _launched_without_a_generation(config_root)
+    proc = run_inventory(write_source(tmp_path, connection="ssm", ssm_bucket_name="ssm-xfer"), "--list")
+    inv = json.loads(proc.stdout, object_hook=_unsafe)
+    # never reached by its bare name: left out, with a warning naming it
+    assert all_hosts(inv) == ["test2", "test3"]
+    assert "left out 1 instance(s) with no recorded instance id, which connection: ssm reaches them by" in proc.stderr
+    assert "bare" in proc.stderr
     hv = inv["_meta"]["hostvars"]["test2"]
     assert hv["ansible_connection"] == "amazon.aws.aws_ssm"
     assert hv["ansible_aws_ssm_instance_id"] == "i-0a1b2c3d4e5f60718"
@@ -182,10 +196,17 @@ def test_ssm_connection_variables(tmp_path, config_root):
 
 
 def test_ssh_connection_variables(tmp_path, config_root):
-    inv = inventory_list(write_source(tmp_path, connection="ssh", ssh_user="ec2-user"))
+    _launched_without_a_generation(config_root)
+    proc = run_inventory(write_source(tmp_path, connection="ssh", ssh_user="ec2-user"), "--list")
+    inv = json.loads(proc.stdout, object_hook=_unsafe)
     hv = inv["_meta"]["hostvars"]["test2"]
     assert (hv["ansible_connection"], hv["ansible_host"], hv["ansible_user"]) == ("ssh", "10.0.1.17", "ec2-user")
     assert not any(k.startswith("ansible_aws_ssm") for k in hv)
+    # an ssh connection to the name "bare" would go wherever DNS sends it: left out, with a warning
+    assert all_hosts(inv) == ["test2", "test3"]
+    assert "left out 1 instance(s) with no recorded private address, which connection: ssh reaches them by" in proc.stderr
+    # without connection variables it is listed (the inventory lists what is launched)
+    assert all_hosts(inventory_list(write_source(tmp_path))) == ["bare", "test2", "test3"]
 
 
 def test_keyed_groups_groups_and_compose(tmp_path, config_root):
@@ -265,6 +286,9 @@ def test_empty_or_missing_meta_state_is_an_empty_inventory(tmp_path, setup):
     assert "Failed to parse" not in proc.stderr
     if setup == "no-root":
         assert "does not exist; the inventory is empty" in proc.stderr
+    if setup == "no-meta-state":  # a directory that is no tree (a mistyped config_root) is not empty in silence
+        assert "config root %s is not a configuration tree (no cfg/_config.yml, no meta-state/); the inventory is " \
+            "empty" % root in proc.stderr
 
 
 @pytest.mark.parametrize("name,text,message", [
@@ -403,3 +427,6 @@ def test_plugin_documentation_renders(tmp_path):
                 "cache_connection", "cache_timeout"):
         assert opt in options, opt
     assert options["connection"]["choices"] == ["none", "ssm", "ssh"]
+    # the last variable set wins in Ansible's configuration: AWS_REGION over AWS_DEFAULT_REGION, as boto3 and
+    # amazon.aws take them
+    assert [e["name"] for e in options["meta_state_region"]["env"]] == ["AWS_DEFAULT_REGION", "AWS_REGION"]

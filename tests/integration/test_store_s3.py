@@ -388,6 +388,26 @@ def test_an_inventory_source_names_the_s3_store_and_needs_no_tree(checkouts, aws
     assert "meta-state/meta-state" not in text
     assert inventory(source).returncode == 0  # the contradiction is gone again
 
+    # the inventory cache keys its entry on the store it read: the same bucket and prefix through
+    # another endpoint (here the same server by another name) is another store, read afresh
+    cached = dict(options, cache=True, cache_plugin="ansible.builtin.jsonfile", cache_timeout=3600,
+                  cache_connection=str(tmp_path / "inv-cache"))
+    source.write_text(yaml.safe_dump(cached))
+    assert sorted(json.loads(inventory(source).stdout)["_meta"]["hostvars"]) == ["front"]
+    with MetaState(str(checkouts("a"))).transaction() as txn:
+        txn.save_record(LP, "web2", _launch(alias="back"))
+        txn.save_record(IS, "web2", _current("i-8"))
+    try:
+        assert sorted(json.loads(inventory(source).stdout)["_meta"]["hostvars"]) == ["front"]  # the cache answers
+        source.write_text(yaml.safe_dump(dict(cached, meta_state_endpoint=moto_endpoint.url.replace("127.0.0.1", "localhost"))))
+        proc = inventory(source)
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(json.loads(proc.stdout)["_meta"]["hostvars"]) == ["back", "front"]
+    finally:
+        with MetaState(str(checkouts("a"))).transaction() as txn:
+            txn.save_record(LP, "web2", None)
+            txn.save_record(IS, "web2", None)
+
     # without the bucket: one message naming the source file and the option
     options.pop("meta_state_bucket")
     source.write_text(yaml.safe_dump(options))
