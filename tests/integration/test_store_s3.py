@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -487,3 +488,35 @@ def test_a_run_whose_s3_run_lock_was_broken_applies_nothing_more(checkouts, aws_
             run.wait()
         if os.path.exists(marker):
             os.unlink(marker)
+
+
+def test_a_writer_whose_lock_was_broken_writes_nothing_not_even_the_marker(checkouts, aws_env, monkeypatch):
+    """A writer stalls inside its transaction past its lock's life (2 s here); another run breaks the lock and takes
+    it. The stalled writer's commit renews its lock on the condition that it is still its own before the marker:
+    refused, it writes nothing (before, its marker landed in revision.yaml and the real holder's commit was then
+    refused as a conflict nobody had made)."""
+    monkeypatch.setenv("CSIS_META_STATE_LOCK_TTL", "2")
+    a, b = MetaState(str(checkouts("a")), lock_timeout=30), MetaState(str(checkouts("b")), lock_timeout=30)
+    with a.transaction("seed") as txn:
+        txn.save_record(LP, "seed", {"launched": False})
+    revision = a.objects.get("revision.yaml")[0]
+    taken, release = threading.Event(), threading.Event()
+
+    def other_run():
+        with b.transaction("the run that broke the lock") as txn:
+            taken.set()
+            release.wait(30)
+            txn.save_record(LP, "other", {"launched": False})
+
+    thread = threading.Thread(target=other_run, daemon=True)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import LockLost
+    with pytest.raises(LockLost, match="this run's lock was broken by another run"):
+        with a.transaction("stalled writer") as txn:
+            txn.save_record(LP, "stalled", {"launched": False})
+            time.sleep(3)  # past the lock's life: the other run breaks it and holds it
+            thread.start()
+            assert taken.wait(30)
+    assert a.objects.get("revision.yaml")[0] == revision  # no marker of the stalled writer
+    release.set()
+    thread.join(30)
+    assert sorted(b.load(LP)["instances"]) == ["other", "seed"]  # the real holder committed

@@ -925,3 +925,68 @@ def test_forget_through_the_store_keeps_the_files_consistent(tmp_path):
         txn.save_rest("pins.yaml", pins)
     assert ms.load("instance-state.yaml")["instances"]["test2"]["current"] is None
     assert launched_instances(ms) == {}
+
+
+def _failing_puts(ms: MetaState, fail: Any) -> list:
+    """Make ``ms``'s store refuse the puts ``fail(rel, nth put)`` names with ENOSPC (a full disk);
+    returns the objects put, in order."""
+    import errno
+    real_put, seen = ms.objects.put, []
+
+    def put(rel, payload, expect=None):
+        seen.append(rel)
+        if fail(rel, len(seen)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_put(rel, payload, expect)
+
+    ms.objects.put = put
+    return seen
+
+
+def test_a_commit_that_fails_half_way_puts_back_what_it_wrote(tmp_path):
+    """A full disk at the second record of a commit: the first record, the marker and anything else the commit wrote
+    are put back, so readers see the revision before it whole, the audit trail has no record it lacks, and the next
+    commit goes on from there (issue: a failed commit left half its records and a skipped revision)."""
+    ms = _ms(tmp_path)
+    with ms.transaction("first") as txn:
+        txn.save_record("launch-params.yaml", "db", {"image": "a", "launched": False})
+        txn.save_record("launch-params.yaml", "web", {"image": "a", "launched": False})
+    before = (ms.revision(), ms.load("launch-params.yaml"), [d["revision"] for d in metastate.audit_trail(ms)])
+    records = []
+    _failing_puts(ms, lambda rel, n: rel.startswith("launch-params") and records.append(rel) is None
+                  and len(records) == 2)
+    with pytest.raises(MetaStateError, match=r"cannot write: No space left on device \(written before it in this "
+                                             r"transaction: launch-params.yaml\); nothing of this transaction stays: "
+                                             r"what it had written was put back"):
+        with ms.transaction("second") as txn:
+            txn.save_record("launch-params.yaml", "db", {"image": "b", "launched": False})
+            txn.save_record("launch-params.yaml", "web", {"image": "b", "launched": False})
+    reader = _ms(tmp_path)
+    assert (reader.revision(), reader.load("launch-params.yaml"),
+            [d["revision"] for d in metastate.audit_trail(reader)]) == before
+    assert "committing" not in (tmp_path / "cfg" / "meta-state" / "revision.yaml").read_text()
+    with reader.transaction("third") as txn:
+        txn.save_record("launch-params.yaml", "db", {"image": "c", "launched": False})
+    assert reader.revision() == before[0] + 1
+    assert [d["revision"] for d in metastate.audit_trail(reader)] == before[2] + [before[0] + 1]
+
+
+def test_a_commit_whose_put_back_fails_too_says_so_and_keeps_its_marker(tmp_path):
+    """The disk stays full: the put-back fails as well. The message says so and names what the records hold; the
+    marker stays (the next commit takes the number after it)."""
+    ms = _ms(tmp_path)
+    with ms.transaction("first") as txn:
+        txn.save_record("launch-params.yaml", "db", {"image": "a", "launched": False})
+        txn.save_record("launch-params.yaml", "web", {"image": "a", "launched": False})
+    records = []
+    _failing_puts(ms, lambda rel, n: rel.startswith("launch-params") and (records.append(rel) or len(records) >= 2))
+    with pytest.raises(MetaStateError, match=r"putting back what this transaction had written failed too \(No space "
+                                             r"left on device\): .*revision.yaml holds the marker of revision 2"):
+        with ms.transaction("second") as txn:
+            txn.save_record("launch-params.yaml", "db", {"image": "b", "launched": False})
+            txn.save_record("launch-params.yaml", "web", {"image": "b", "launched": False})
+    assert '"committing": 2' in (tmp_path / "cfg" / "meta-state" / "revision.yaml").read_text()
+    reader = _ms(tmp_path)
+    with reader.transaction("third") as txn:
+        txn.save_record("launch-params.yaml", "web", {"image": "c", "launched": False})
+    assert reader.revision() == 3

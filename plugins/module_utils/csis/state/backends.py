@@ -301,7 +301,7 @@ class FileLock:
             raise
         self.fd = fd
 
-    def refresh(self) -> None:
+    def refresh(self, force: bool = False) -> None:
         """Nothing to renew: the kernel holds the lock as long as the process lives."""
 
     def expired(self) -> bool:
@@ -600,9 +600,10 @@ class S3Lock:
             self.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
 
-    def refresh(self) -> None:
-        """Renew the lock when half its life is gone (the holder commits for a long time)."""
-        if self.etag is None or time.monotonic() - self.renewed < self.ttl / 2:
+    def refresh(self, force: bool = False) -> None:
+        """Renew the lock when half its life is gone (the holder commits for a long time), or now
+        (``force``: before a commit writes anything, which proves the lock still this holder's)."""
+        if self.etag is None or (not force and time.monotonic() - self.renewed < self.ttl / 2):
             return
         try:
             start = time.monotonic()

@@ -1487,6 +1487,22 @@ class Transaction:
                                  "Set its revision to the highest number under %s/"
                                  % (ms._label_of(audit_object(self.revision)), self.revision, ms._label_of(REVISION),
                                     number, AUDIT_DIR))
+        # what each object holds before this commit (put back if the commit fails half-way), read
+        # under the lock: one that changed since this transaction read it is refused here, before
+        # anything is written
+        olds: Dict[str, Optional[bytes]] = {}
+        for _op, rel, _payload, expect, _name in ops + [("delete", rel, None, expect, rel) for rel, expect in after]:
+            if rel in olds:
+                continue
+            raw, now = objects.get(rel) if expect != ABSENT else (None, None)
+            if expect not in (None, ABSENT) and now != expect:
+                raise Conflict("%s: changed since this transaction read it, so nothing was written" % ms._label_of(rel))
+            olds[rel] = raw
+        old_revision = objects.get(REVISION)[0] if version else None
+        if self._lock is not None:
+            # the lock is still this run's (an S3 lock renewed now, conditionally): a writer whose lock
+            # expired and was broken writes nothing, not even the marker
+            self._lock.refresh(force=True)
         stamp = now_iso()
         head = {"revision": number, "committing": self.revision, "time": stamp, "what": self._what}
         try:
@@ -1501,35 +1517,77 @@ class Transaction:
         if marker is None:
             marker = objects.version(REVISION)
         written: List[str] = []
-        for op, rel, payload, expect, name in ops:
-            if self._lock is not None:
-                self._lock.refresh()
-            try:
-                if op == "put":
-                    objects.put(rel, payload, expect)
-                else:
-                    objects.delete(rel, expect)
-            except OSError as exc:
-                raise MetaStateError("%s: cannot write: %s (written before it in this "
-                                     "transaction: %s)" % (ms._label_of(rel), exc.strerror or exc,
-                                                           ", ".join(written) or "none")) from exc
-            except Conflict as exc:
-                raise Conflict("%s (written before it in this transaction: %s)"
-                               % (exc, ", ".join(written) or "none")) from exc
-            if name not in written:
-                written.append(name)
+        # (object, what this commit left there: its version, None when it removed it), to put back
+        done: List[Tuple[str, Optional[str]]] = []
+
+        def wrote(rel: str, new: Optional[str], deleted: bool = False) -> None:
+            done.append((rel, None if deleted else (new or objects.version(rel))))
+
+        step = ""
         try:
-            for rel, expect in after:
-                objects.delete(rel, expect)
-                if rel not in written:
-                    written.append(rel)
-            objects.put(audit_object(self.revision), self._audit(stamp).encode("utf-8"), ABSENT)
-            objects.put(REVISION, _revision_body({"revision": self.revision, "time": stamp, "what": self._what}), marker)
-        except OSError as exc:
-            raise MetaStateError("%s: cannot write: %s (the records were written: %s)"
-                                 % (ms._label_of(REVISION), exc.strerror or exc, ", ".join(written))) from exc
+            for op, rel, payload, expect, name in ops:
+                step = rel
+                if self._lock is not None:
+                    self._lock.refresh()
+                try:
+                    if op == "put":
+                        wrote(rel, objects.put(rel, payload, expect))
+                    else:
+                        objects.delete(rel, expect)
+                        wrote(rel, None, deleted=True)
+                except OSError as exc:
+                    raise MetaStateError("%s: cannot write: %s (written before it in this "
+                                         "transaction: %s)" % (ms._label_of(rel), exc.strerror or exc,
+                                                               ", ".join(written) or "none")) from exc
+                except Conflict as exc:
+                    raise Conflict("%s (written before it in this transaction: %s)"
+                                   % (exc, ", ".join(written) or "none")) from exc
+                if name not in written:
+                    written.append(name)
+            step = REVISION
+            try:
+                for rel, expect in after:
+                    objects.delete(rel, expect)
+                    wrote(rel, None, deleted=True)
+                    if rel not in written:
+                        written.append(rel)
+                wrote(audit_object(self.revision),
+                      objects.put(audit_object(self.revision), self._audit(stamp).encode("utf-8"), ABSENT))
+                objects.put(REVISION, _revision_body({"revision": self.revision, "time": stamp, "what": self._what}), marker)
+            except OSError as exc:
+                raise MetaStateError("%s: cannot write: %s (the records were written: %s)"
+                                     % (ms._label_of(REVISION), exc.strerror or exc, ", ".join(written))) from exc
+        except MetaStateError as exc:
+            # a failure the commit could see (a full disk, a refused write, the store not answering,
+            # the lock lost): what it wrote is put back, so meta-state holds no change its audit
+            # trail lacks; the marker goes last, back to the revision before
+            raise type(exc)("%s; %s" % (exc, self._undo(done, olds, old_revision, marker))) from exc
         self.written = written
         return self.written
+
+    def _undo(self, done: List[Tuple[str, Optional[str]]], olds: Mapping[str, Optional[bytes]],
+              old_revision: Optional[bytes], marker: Optional[str]) -> str:
+        """Put back what a failed commit wrote (each object conditionally on what the commit left
+        there: another writer's later change is never overwritten), then its marker. Says how it went."""
+        objects = self._ms.objects
+        try:
+            for rel, left in reversed(done):
+                old = olds.get(rel)
+                if old is None:
+                    if left is not None:
+                        objects.delete(rel, left)
+                else:
+                    objects.put(rel, old, left or ABSENT)
+            if old_revision is None:
+                objects.delete(REVISION, marker)
+            else:
+                objects.put(REVISION, old_revision, marker or ABSENT)
+        except (MetaStateError, OSError) as exc:
+            text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return ("putting back what this transaction had written failed too (%s): %s holds the marker of "
+                    "revision %d, which no audit record describes; docs/meta-state.md, 'A commit that did not finish'"
+                    % (text, self._ms._label_of(REVISION), self.revision))
+        return "nothing of this transaction stays: what it had written was put back"
 
     def _audit(self, stamp: str) -> str:
         doc = {"revision": self.revision, "time": stamp, "who": who(), "what": self._what,
