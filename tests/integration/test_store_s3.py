@@ -520,3 +520,15 @@ def test_a_writer_whose_lock_was_broken_writes_nothing_not_even_the_marker(check
     release.set()
     thread.join(30)
     assert sorted(b.load(LP)["instances"]) == ["other", "seed"]  # the real holder committed
+
+
+def test_a_lock_removed_behind_its_holder_reads_as_lost(checkouts, aws_env):
+    """Another run broke this holder's lock and has not taken it yet: S3 answers the conditional renewal of the
+    removed object NoSuchKey, which is a lost lock (LockLost), not a store that did not answer."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import LockLost, S3Lock
+    objects = MetaState(str(checkouts("a"))).objects
+    lock = S3Lock(objects, 5, "holder", 120)
+    lock.acquire()
+    objects.delete(".lock")
+    with pytest.raises(LockLost, match="this run's lock was broken by another run"):
+        lock.refresh(force=True)

@@ -444,8 +444,9 @@ def test_atomic_write_uses_replace_and_fsync(tmp_path, monkeypatch):
     with ms.transaction() as txn:
         txn.save("runs.yaml", {"runs": [{"run": "r1"}]})
     kinds = [c[0] for c in calls]
-    # the revision marker, runs.yaml, the audit record, the revision: each file, rename, directory
-    assert kinds == ["fsync", "replace", "fsync"] * 4
+    # the revision marker, runs.yaml, the audit record, the revision: each file, rename, directory; the
+    # audit record's new folder (the first commit's) is synced into its parent before its file
+    assert kinds == ["fsync", "replace", "fsync"] * 2 + ["fsync"] + ["fsync", "replace", "fsync"] * 2
     replaced = [(c[1], c[2]) for c in calls if c[0] == "replace"]
     assert [dst for _src, dst in replaced] == [os.path.join(ms.dir, "revision.yaml"), ms.path("runs.yaml"),
                                                os.path.join(ms.dir, "audit", "00000001.yaml"),

@@ -193,3 +193,16 @@ def test_storages_and_instances_without_a_runtime_take_their_builders_without_a_
     with pytest.raises(ConfigError) as exc:
         load_and_validate(example, run_version=corpus.version_stub({}))
     assert "names unknown runtime 'aws-nowhere'" in str(exc.value)
+
+
+def test_userdata_that_makes_the_user_data_too_large_for_ec2_is_refused(example):
+    """EC2 takes 16,384 bytes of user data: an instance whose userdata, with csis.infra's launch script, is over it
+    is refused at validate, naming the file and key (not by the launch's RunInstances); one that fits is not."""
+    corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.0.userdata": "echo hi\n" * 2000}})
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    [problem] = err.value.problems
+    assert (problem.file, problem.key) == ("instances/instances.yaml", "instances[0] (test2).userdata")
+    assert problem.message.startswith("the machine's user data would be ") and "over the 16384 EC2 takes" in problem.message
+    corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.0.userdata": "echo hi\n" * 1000}})
+    load_and_validate(example, run_version=corpus.version_stub({}))

@@ -233,6 +233,15 @@ def check_region(v: Optional[str]) -> Optional[str]:
     return v
 
 
+def check_store_region(v: str) -> str:
+    """A state backend's region: an AWS region name, or the one plain word an S3-compatible store
+    takes (``auto``, ``garage``): letters, digits, ``-``, ``_`` and ``.``."""
+    if not isinstance(v, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z", v):
+        raise ValueError("region %s is not a region name (like 'us-east-2'; an S3-compatible store's one plain word)"
+                         % show(v))
+    return v
+
+
 def check_account_id(v: Optional[str]) -> Optional[str]:
     if v is not None and not re.match(r"^\d{12}\Z", str(v)):
         raise ValueError("account_id must be 12 digits (quote it)")
@@ -485,6 +494,15 @@ class Credentials(Strict):
         return self.access_key_id is not None
 
 
+_AWS_ID = re.compile(r"^[a-z]+-[0-9a-f]{8,17}\Z")
+
+
+def _aws_id(v: str, prefix: str) -> str:
+    if not (isinstance(v, str) and v.startswith(prefix + "-") and _AWS_ID.match(v)):
+        raise ValueError("%r is not a %s id (%s-0123abcd...)" % (v, prefix, prefix))
+    return v
+
+
 class Subnet(Strict):
     name: Optional[str] = None
     subnet_id: str
@@ -493,15 +511,9 @@ class Subnet(Strict):
     is_default: bool = False
 
     _az = field_validator("availability_zone")(optional(check_zone))
-
-
-_AWS_ID = re.compile(r"^[a-z]+-[0-9a-f]{8,17}\Z")
-
-
-def _aws_id(v: str, prefix: str) -> str:
-    if not (isinstance(v, str) and v.startswith(prefix + "-") and _AWS_ID.match(v)):
-        raise ValueError("%r is not a %s id (%s-0123abcd...)" % (v, prefix, prefix))
-    return v
+    # it reaches the EFS root's mount targets: a subnet id, as default_subnet_id is
+    _id = field_validator("subnet_id")(classmethod(lambda cls, v: _aws_id(v, "subnet")))
+    _name = field_validator("name")(optional(check_name, "subnet name"))
 
 
 class Networking(Strict):
@@ -683,6 +695,9 @@ class StateBackend(Strict):
     _path = field_validator("key", "directory")(optional(relative_path, "path"))
 
     _bucket = field_validator("bucket")(optional(check_bucket, "bucket"))
+    # it reaches every root's backend file and terraform_remote_state settings: an AWS region, or an
+    # S3-compatible store's own region word (Cloudflare R2's "auto"), one plain token either way
+    _region = field_validator("region")(optional(check_store_region))
 
     _p = field_validator("profile")(optional(check_name, "profile"))
 

@@ -15,7 +15,10 @@ import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..errors import ConfigError, Problem
-from ..render.launch import EBS_DEVICES, compute_launch_params, immutability_problems, pending_replacement
+from ..render.launch import EBS_DEVICES, compute_launch_params, immutability_problems, pending_replacement, user_data_template
+
+#: the most user data EC2 takes (RunInstances: 16 KB, before base64)
+USER_DATA_MAX = 16384
 from ..state.aliases import POOL as ALIAS_POOL
 from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
@@ -721,6 +724,23 @@ class Validation:
                 computed[name] = compute_launch_params(self.t, self.meta, inst, replacing=False, user_data=False)
         self.problems.extend(immutability_problems(self.t, self.meta, computed, replacing))
 
+    def user_data_size(self) -> None:
+        """An instance's ``userdata`` with csis.infra's launch script must fit EC2's user data
+        (16,384 bytes): refused here, not by the launch's RunInstances."""
+        for name, inst in sorted(self.t.instances.items()):
+            if not inst.userdata or self.t.instance_builder_for(inst) is None or self.t.image_of(inst) is None:
+                continue
+            if any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
+                   for s in inst.storages):
+                continue
+            size = len(user_data_template(compute_launch_params(self.t, self.meta, inst, user_data=False))
+                       .encode("utf-8"))
+            if size > USER_DATA_MAX:
+                self.add("instance", name, "userdata",
+                         "the machine's user data would be %d bytes (csis.infra's launch script and this userdata), "
+                         "over the %d EC2 takes; keep the userdata short (fetch a larger script from S3 in it)"
+                         % (size, USER_DATA_MAX))
+
     def meta_state_backend(self) -> None:
         """``meta_state: {backend: s3, state_backend: <name>}`` names a declared S3 state backend."""
         setting = self.t.config_file.meta_state
@@ -814,6 +834,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.meta_state_shares_states()
     v.executables(run_version or terraform_version)
     v.immutability()
+    v.user_data_size()
     v.released_builds()
     v.alias_pool()
     for rule in extra:

@@ -52,7 +52,20 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from .. import aws
 from ..errors import CsisError
 from ..notices import notice
-from ..fsutil import user_cache, write_atomic
+from ..fsutil import fsync_dir, user_cache, write_atomic
+
+
+def life_clock() -> float:
+    """Seconds for an S3 lock's life as its holder counts them: a clock that runs on while the
+    machine is suspended (Linux ``CLOCK_BOOTTIME``; ``time.monotonic`` stops then), so a holder
+    woken from a suspend does not take a lock that expired at the store for still its own."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        try:
+            return time.clock_gettime(boottime)
+        except OSError:  # pragma: no cover - a kernel without it
+            pass
+    return time.monotonic()
 from ..yamlio import VALUE_ERRORS, meta_loader, yaml
 
 META_STATE_DIR = "meta-state"
@@ -403,7 +416,10 @@ class LocalObjects:
         """Write ``payload`` atomically (under the transaction lock; ``expect``: the version read)."""
         self._check(rel, expect)
         path = self.path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            os.makedirs(folder, exist_ok=True)
+            fsync_dir(os.path.dirname(folder))  # the new folder's entry survives a power loss too
         write_atomic(path, payload)
 
     def delete(self, rel: str, expect: Optional[str] = None) -> None:
@@ -411,7 +427,8 @@ class LocalObjects:
         try:
             os.unlink(self.path(rel))
         except FileNotFoundError:
-            pass
+            return
+        fsync_dir(os.path.dirname(self.path(rel)))  # a removed record does not come back after a power loss
 
     def ensure(self) -> None:
         try:
@@ -554,10 +571,12 @@ class S3Lock:
         self.sleep = sleep
         self.etag: Optional[str] = None
         self.renewed = 0.0
+        # this lock's own mark: two locks of one process (threads) with the same what are two holders
+        self.nonce = uuid.uuid4().hex[:12]
 
     def _owner(self) -> Dict[str, Any]:
         """Who holds the lock, as its object names the holder."""
-        return dict(who(), what=self.what, **self.extra)
+        return dict(who(), what=self.what, lock=self.nonce, **self.extra)
 
     def _body(self) -> bytes:
         created = time.time()
@@ -572,7 +591,7 @@ class S3Lock:
         delay = 0.1
         while True:
             try:
-                start = time.monotonic()  # the object's life counts from its body, not from the answer
+                start = life_clock()  # the object's life counts from its body, not from the answer
                 self.etag = self.objects.put(self.name, self._body(), ABSENT)
                 self.renewed = start
                 return
@@ -603,10 +622,10 @@ class S3Lock:
     def refresh(self, force: bool = False) -> None:
         """Renew the lock when half its life is gone (the holder commits for a long time), or now
         (``force``: before a commit writes anything, which proves the lock still this holder's)."""
-        if self.etag is None or (not force and time.monotonic() - self.renewed < self.ttl / 2):
+        if self.etag is None or (not force and life_clock() - self.renewed < self.ttl / 2):
             return
         try:
-            start = time.monotonic()
+            start = life_clock()
             self.etag = self.objects.put(self.name, self._body(), self.etag)
             self.renewed = start
         except Conflict as exc:
@@ -629,7 +648,7 @@ class S3Lock:
     def expired(self) -> bool:
         """Whether the lock's life ran out since it was last renewed: another run may have broken
         it since, though no renewal was refused (the store did not answer meanwhile)."""
-        return time.monotonic() - self.renewed >= self.ttl
+        return life_clock() - self.renewed >= self.ttl
 
     def release(self) -> None:
         if self.etag is None:
@@ -727,9 +746,14 @@ class S3Objects:
         try:
             return self.client.put_object(**kw).get("ETag")
         except Exception as exc:  # noqa: BLE001
-            if aws.error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+            code = aws.error_code(exc)
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409") or (
+                    expect not in (None, ABSENT) and code in ("NoSuchKey", "404", "NotFound")):
+                # a conditional write of an object removed meanwhile (S3 answers NoSuchKey): a conflict
+                # too, so a lock another run broke reads as lost, not as a store that did not answer
                 raise Conflict("%s: changed since this transaction read it (%s), so it was not overwritten"
                                % (self.label(rel), "it was created meanwhile" if expect == ABSENT
+                                  else "removed meanwhile" if code in ("NoSuchKey", "404", "NotFound")
                                   else "its ETag is no longer %s" % expect)) from exc
             raise _s3_error(self.label(rel), "write", exc) from exc
 
