@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -928,7 +929,7 @@ def test_forget_through_the_store_keeps_the_files_consistent(tmp_path):
     assert launched_instances(ms) == {}
 
 
-def _failing_puts(ms: MetaState, fail: Any) -> list:
+def _failing_puts(ms: MetaState, fail: Callable[[str, int], bool]) -> list:
     """Make ``ms``'s store refuse the puts ``fail(rel, nth put)`` names with ENOSPC (a full disk);
     returns the objects put, in order."""
     import errno

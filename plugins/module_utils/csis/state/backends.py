@@ -53,6 +53,7 @@ from .. import aws
 from ..errors import CsisError
 from ..notices import notice
 from ..fsutil import fsync_dir, user_cache, write_atomic
+from ..yamlio import VALUE_ERRORS, meta_loader, yaml
 
 
 def life_clock() -> float:
@@ -66,7 +67,7 @@ def life_clock() -> float:
         except OSError:  # pragma: no cover - a kernel without it
             pass
     return time.monotonic()
-from ..yamlio import VALUE_ERRORS, meta_loader, yaml
+
 
 META_STATE_DIR = "meta-state"
 LOCK_NAME = ".lock"
