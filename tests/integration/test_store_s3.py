@@ -532,3 +532,22 @@ def test_a_lock_removed_behind_its_holder_reads_as_lost(checkouts, aws_env):
     objects.delete(".lock")
     with pytest.raises(LockLost, match="this run's lock was broken by another run"):
         lock.refresh(force=True)
+
+
+def test_a_lock_whose_taking_answer_was_lost_is_its_own(checkouts, aws_env):
+    """The put that takes the lock lands, its answer is lost, and the SDK's retry is refused (the object is there
+    now): the lock is this holder's own, taken at once, not waited for as another run's and then broken."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import Conflict, S3Lock
+    objects = MetaState(str(checkouts("a"))).objects
+    real_put = objects.put
+
+    def put(rel, payload, expect=None):
+        real_put(rel, payload, expect)  # landed ...
+        raise Conflict("%s: the retry of a put whose answer was lost" % rel)  # ... and the retry refused
+
+    objects.put = put
+    lock = S3Lock(objects, 30, "holder", 120)
+    started = time.monotonic()
+    lock.acquire()
+    assert time.monotonic() - started < 5 and lock.etag == objects.version(".lock")
+    assert objects.notices == []  # nothing broken

@@ -642,6 +642,9 @@ class RuntimeBuilder(Strict):
     environment: Optional[str] = None
 
     _n = field_validator("name", mode="before")(classmethod(lambda cls, v: check_name(normalize_builder_name(v), "runtime name")))
+    # an apply flag names a runtime by them: names, as a builder's aliases are
+    _al = field_validator("aliases", mode="before")(
+        classmethod(lambda cls, v: [check_name(normalize_builder_name(x), "alias") for x in v] if isinstance(v, list) else v))
 
     _env = field_validator("environment", mode="before")(
         classmethod(lambda cls, v: v if v is None else check_name(normalize_builder_name(v), "environment")))
@@ -1091,6 +1094,8 @@ class Instance(Strict):
     undeclare: bool = False
 
     _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "instance name")))
+    # names, as a builder's aliases are
+    _al = field_validator("aliases")(classmethod(lambda cls, v: [check_name(x, "alias") for x in v]))
 
     @model_validator(mode="before")
     @classmethod

@@ -602,6 +602,10 @@ class S3Lock:
             if raw is None:
                 continue  # released meanwhile: try again at once
             info = lock_body(raw)  # {} (expired) when it is not a lock csis.infra wrote
+            if info.get("owner") == self._owner():
+                # this very lock's put, whose answer was lost (the SDK's retry then found it there): ours
+                self.etag, self.renewed = etag, start
+                return
             if lock_expired(info, age):
                 try:
                     self.objects.delete(self.name, etag)
