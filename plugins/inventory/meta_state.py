@@ -56,7 +56,7 @@ description:
     changed meanwhile. Use C(--flush-cache) (or C(ansible.builtin.meta: refresh_inventory) in a play) after a
     lifecycle run to see new instances at once. A cache entry made for another store is
     ignored (another O(config_root), a tree that now declares another meta-state store, another
-    S3 bucket or prefix, or another endpoint, region or profile)."
+    S3 bucket or prefix, or another endpoint)."
 extends_documentation_fragment:
   - constructed
   - inventory_cache
@@ -273,15 +273,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     @staticmethod
     def _identity(objects):
-        """What a cache entry was read from: the store itself (a local tree's meta-state directory,
-        or the S3 store's location with the endpoint, region, profile and addressing that reach
-        it; never credentials), so an entry read from another store is not taken for this one's."""
-        if getattr(objects, "kind", "") != "s3":
-            return "local:%s" % objects.where
-        access = objects.access
-        return "%s endpoint=%s region=%s profile=%s path_style=%s" % (
-            objects.where, (access.get("endpoints") or {}).get("s3") or "", access.get("region") or "",
-            access.get("profile") or "", bool(access.get("s3_use_path_style")))
+        """What a cache entry was read from: the store itself (the one the parse cache is kept under),
+        so an entry read from another store is not taken for this one's."""
+        return "%s:%s" % (objects.kind, objects.identity)
 
     def _store(self, path):
         """(what the records are read from, for messages; the store's identity, for the cache

@@ -233,6 +233,14 @@ def check_region(v: Optional[str]) -> Optional[str]:
     return v
 
 
+def check_aliases(v: Any, normalize: bool = True) -> Any:
+    """Aliases are names, as what they stand for is named (a builder's and a runtime's normalized as
+    their names are): each entry of a list checked; anything else is left to the field's type."""
+    if isinstance(v, list):
+        return [check_name(normalize_builder_name(x) if normalize else x, "alias") for x in v]
+    return v
+
+
 def check_store_region(v: str) -> str:
     """A state backend's region: an AWS region name, or the one plain word an S3-compatible store
     takes (``auto``, ``garage``): letters, digits, ``-``, ``_`` and ``.``."""
@@ -643,8 +651,7 @@ class RuntimeBuilder(Strict):
 
     _n = field_validator("name", mode="before")(classmethod(lambda cls, v: check_name(normalize_builder_name(v), "runtime name")))
     # an apply flag names a runtime by them: names, as a builder's aliases are
-    _al = field_validator("aliases", mode="before")(
-        classmethod(lambda cls, v: [check_name(normalize_builder_name(x), "alias") for x in v] if isinstance(v, list) else v))
+    _al = field_validator("aliases", mode="before")(classmethod(lambda cls, v: check_aliases(v)))
 
     _env = field_validator("environment", mode="before")(
         classmethod(lambda cls, v: v if v is None else check_name(normalize_builder_name(v), "environment")))
@@ -767,12 +774,7 @@ class _BuilderBase(Strict):
     def _name(cls, v: Any) -> Any:
         return check_name(normalize_builder_name(v), "builder name")
 
-    @field_validator("aliases", mode="before")
-    @classmethod
-    def _aliases(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            return [check_name(normalize_builder_name(x), "alias") for x in v]
-        return v
+    _aliases = field_validator("aliases", mode="before")(classmethod(lambda cls, v: check_aliases(v)))
 
     @field_validator("runtime", mode="before")
     @classmethod
@@ -1095,7 +1097,7 @@ class Instance(Strict):
 
     _n = field_validator("name")(classmethod(lambda cls, v: check_name(v, "instance name")))
     # names, as a builder's aliases are
-    _al = field_validator("aliases")(classmethod(lambda cls, v: [check_name(x, "alias") for x in v]))
+    _al = field_validator("aliases", mode="before")(classmethod(lambda cls, v: check_aliases(v, normalize=False)))
 
     @model_validator(mode="before")
     @classmethod

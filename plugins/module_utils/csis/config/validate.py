@@ -712,26 +712,26 @@ class Validation:
         recorded = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
         for name, inst in self.t.instances.items():
             rec = recorded.get(name)
-            if not isinstance(rec, dict) or not rec.get("launched"):
-                continue
-            if self.t.instance_builder_for(inst) is None or self.t.image_of(inst) is None:
-                continue
-            if any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
-                   for s in inst.storages):
+            if not isinstance(rec, dict) or not rec.get("launched") or not self._resolves(inst):
                 continue
             replacing[name] = pending_replacement(self.meta, name)
             if not replacing[name]:
                 computed[name] = compute_launch_params(self.t, self.meta, inst, replacing=False, user_data=False)
         self.problems.extend(immutability_problems(self.t, self.meta, computed, replacing))
 
+    def _resolves(self, inst: Any) -> bool:
+        """Whether the instance's builder, image and storages resolve (an instance whose do not is
+        left to the reference rules, which name what is missing): its launch parameters can be computed."""
+        if self.t.instance_builder_for(inst) is None or self.t.image_of(inst) is None:
+            return False
+        return not any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
+                       for s in inst.storages)
+
     def user_data_size(self) -> None:
         """An instance's ``userdata`` with csis.infra's launch script must fit EC2's user data
         (16,384 bytes): refused here, not by the launch's RunInstances."""
         for name, inst in sorted(self.t.instances.items()):
-            if not inst.userdata or self.t.instance_builder_for(inst) is None or self.t.image_of(inst) is None:
-                continue
-            if any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
-                   for s in inst.storages):
+            if not inst.userdata or not self._resolves(inst):
                 continue
             size = len(user_data_template(compute_launch_params(self.t, self.meta, inst, user_data=False))
                        .encode("utf-8"))

@@ -474,8 +474,13 @@ class LocalObjects:
             if fd is not None:
                 os.close(fd)
 
+    @property
+    def identity(self) -> str:
+        """Which store this is (its directory): what a cache of its records is kept under."""
+        return self.dir
+
     def cache_dir(self) -> str:
-        return os.path.join(cache_home(), "local", _digest(self.dir))
+        return os.path.join(cache_home(), "local", _digest(self.identity))
 
     def lock_held(self, name: str = LOCK_NAME) -> bool:
         """Whether someone holds the lock ``name`` now (a shared ``flock`` cannot be had)."""
@@ -795,9 +800,14 @@ class S3Objects:
         raw, _etag, age = self.get_with_age(LOCK_NAME)
         return raw is not None and not lock_expired(lock_body(raw), age)
 
+    @property
+    def identity(self) -> str:
+        """Which store this is: the endpoint that reaches it (empty: AWS's own), the bucket and the
+        prefix; what a cache of its records is kept under (never credentials)."""
+        return "%s|%s|%s" % ((self.access.get("endpoints") or {}).get("s3") or "", self.bucket, self.base)
+
     def cache_dir(self) -> str:
-        ep = (self.access.get("endpoints") or {}).get("s3") or ""
-        return os.path.join(cache_home(), "s3", _digest("%s|%s|%s" % (ep, self.bucket, self.base)))
+        return os.path.join(cache_home(), "s3", _digest(self.identity))
 
     def check_writable(self, timeout: float, what: str, names: List[str]) -> Dict[str, Any]:
         """The bucket answers and the lock can be taken and released."""

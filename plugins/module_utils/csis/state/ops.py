@@ -177,11 +177,13 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
     checked = NOT_LOOKED_UP + (" (recorded destroyed)" if recs[name].get("state") == "destroyed"
                                else " (a storage of its type has no lookup)" if exp is None
                                else " (no id of it is recorded)")
+    looked = False  # whether the endpoint was asked (an error answer included)
     if exp is not None and recs[name].get("state") != "destroyed":
         try:
             obs = lookup_storage(_endpoint(tree, exp.get("runtime"), factory, reveal), exp)
         except StateOpError as exc:
             obs = {"error": str(exc)}
+        looked = bool(obs)
         if "error" in obs:
             if not confirm:
                 raise StateOpError("storage '%s': cannot tell whether its %s still exists (%s); pass confirm=true to "
@@ -195,7 +197,7 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
             checked = "%s %s still exists; forgotten on confirm" % (obs.get("what"), obs.get("id"))
         elif obs:
             checked = "%s %s is gone" % (obs.get("what"), obs.get("id"))
-    if recs[name].get("state") != "destroyed" and checked.startswith(NOT_LOOKED_UP) and not confirm:
+    if recs[name].get("state") != "destroyed" and not looked and not confirm:
         raise not_looked_up("storage '%s'" % name, recs[name].get("state"), checked)
     if recs[name].get("state") != "destroyed" and not (force or confirm):
         raise not_destroyed("storage '%s'" % name, recs[name].get("state"), checked)

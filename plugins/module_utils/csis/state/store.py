@@ -1523,10 +1523,8 @@ class Transaction:
         def wrote(rel: str, new: Optional[str], deleted: bool = False) -> None:
             done.append((rel, None if deleted else (new or objects.version(rel))))
 
-        step = ""
         try:
             for op, rel, payload, expect, name in ops:
-                step = rel
                 if self._lock is not None:
                     self._lock.refresh()
                 try:
@@ -1544,7 +1542,6 @@ class Transaction:
                                    % (exc, ", ".join(written) or "none")) from exc
                 if name not in written:
                     written.append(name)
-            step = REVISION
             try:
                 for rel, expect in after:
                     objects.delete(rel, expect)
