@@ -241,15 +241,6 @@ def check_aliases(v: Any, normalize: bool = True) -> Any:
     return v
 
 
-def check_store_region(v: str) -> str:
-    """A state backend's region: an AWS region name, or the one plain word an S3-compatible store
-    takes (``auto``, ``garage``): letters, digits, ``-``, ``_`` and ``.``."""
-    if not isinstance(v, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z", v):
-        raise ValueError("region %s is not a region name (like 'us-east-2'; an S3-compatible store's one plain word)"
-                         % show(v))
-    return v
-
-
 def check_account_id(v: Optional[str]) -> Optional[str]:
     if v is not None and not re.match(r"^\d{12}\Z", str(v)):
         raise ValueError("account_id must be 12 digits (quote it)")
@@ -707,7 +698,7 @@ class StateBackend(Strict):
     _bucket = field_validator("bucket")(optional(check_bucket, "bucket"))
     # it reaches every root's backend file and terraform_remote_state settings: an AWS region, or an
     # S3-compatible store's own region word (Cloudflare R2's "auto"), one plain token either way
-    _region = field_validator("region")(optional(check_store_region))
+    _region = field_validator("region")(optional(check_name, "region"))
 
     _p = field_validator("profile")(optional(check_name, "profile"))
 

@@ -16,9 +16,6 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from ..errors import ConfigError, Problem
 from ..render.launch import EBS_DEVICES, compute_launch_params, immutability_problems, pending_replacement, user_data_template
-
-#: the most user data EC2 takes (RunInstances: 16 KB, before base64)
-USER_DATA_MAX = 16384
 from ..state.aliases import POOL as ALIAS_POOL
 from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
@@ -27,6 +24,8 @@ from . import hierarchy
 from . import models as m
 from .loader import Tree, load_tree_partial
 
+#: the most user data EC2 takes (RunInstances: 16 KB, before base64)
+USER_DATA_MAX = 16384
 S3_LIFECYCLE_CLASSES = ["STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"]
 EFS_IA_DAYS = [1, 7, 14, 30, 60, 90, 180, 270, 365]
 EFS_ARCHIVE_DAYS = [90, 180, 270, 365]
@@ -733,8 +732,10 @@ class Validation:
         for name, inst in sorted(self.t.instances.items()):
             if not inst.userdata or not self._resolves(inst):
                 continue
-            size = len(user_data_template(compute_launch_params(self.t, self.meta, inst, user_data=False))
-                       .encode("utf-8"))
+            # the template as terraform renders it: its escapes ($${, %%{) are one character shorter (the
+            # enrollment token, a few hundred bytes at most, is left out: the check is the userdata's)
+            template = user_data_template(compute_launch_params(self.t, self.meta, inst, user_data=False))
+            size = len(template.replace("$${", "${").replace("%%{", "%{").encode("utf-8"))
             if size > USER_DATA_MAX:
                 self.add("instance", name, "userdata",
                          "the machine's user data would be %d bytes (csis.infra's launch script and this userdata), "

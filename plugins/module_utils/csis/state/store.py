@@ -1487,23 +1487,19 @@ class Transaction:
                                  "Set its revision to the highest number under %s/"
                                  % (ms._label_of(audit_object(self.revision)), self.revision, ms._label_of(REVISION),
                                     number, AUDIT_DIR))
-        # what each object holds before this commit (put back if the commit fails half-way), read
-        # under the lock: one that changed since this transaction read it is refused here, before
-        # anything is written
+        # what each object holds before this commit, put back if the commit fails half-way (under the
+        # lock: what the conditional writes below then find, unless the lock is lost, which they refuse)
         olds: Dict[str, Optional[bytes]] = {}
         for _op, rel, _payload, expect, _name in ops + [("delete", rel, None, expect, rel) for rel, expect in after]:
-            if rel in olds:
-                continue
-            raw, now = objects.get(rel) if expect != ABSENT else (None, None)
-            if expect not in (None, ABSENT) and now != expect:
-                raise Conflict("%s: changed since this transaction read it, so nothing was written" % ms._label_of(rel))
-            olds[rel] = raw
+            if rel not in olds:
+                olds[rel] = objects.get(rel)[0] if expect != ABSENT else None
         old_revision = objects.get(REVISION)[0] if version else None
+        stamp = now_iso()
+        audit = self._audit(stamp).encode("utf-8")  # built before anything is written
         if self._lock is not None:
             # the lock is still this run's (an S3 lock renewed now, conditionally): a writer whose lock
             # expired and was broken writes nothing, not even the marker
             self._lock.refresh(force=True)
-        stamp = now_iso()
         head = {"revision": number, "committing": self.revision, "time": stamp, "what": self._what}
         try:
             # the marker: readers wait for the commit; its condition is the base read at the start
@@ -1548,8 +1544,7 @@ class Transaction:
                     wrote(rel, None, deleted=True)
                     if rel not in written:
                         written.append(rel)
-                wrote(audit_object(self.revision),
-                      objects.put(audit_object(self.revision), self._audit(stamp).encode("utf-8"), ABSENT))
+                wrote(audit_object(self.revision), objects.put(audit_object(self.revision), audit, ABSENT))
                 objects.put(REVISION, _revision_body({"revision": self.revision, "time": stamp, "what": self._what}), marker)
             except OSError as exc:
                 raise MetaStateError("%s: cannot write: %s (the records were written: %s)"
