@@ -500,6 +500,8 @@ def test_a_writer_whose_lock_was_broken_writes_nothing_not_even_the_marker(check
     with a.transaction("seed") as txn:
         txn.save_record(LP, "seed", {"launched": False})
     revision = a.objects.get("revision.yaml")[0]
+    real_put, puts = a.objects.put, []
+    a.objects.put = lambda rel, payload, expect=None: (puts.append(rel), real_put(rel, payload, expect))[1]
     taken, release = threading.Event(), threading.Event()
 
     def other_run():
@@ -516,7 +518,8 @@ def test_a_writer_whose_lock_was_broken_writes_nothing_not_even_the_marker(check
             time.sleep(3)  # past the lock's life: the other run breaks it and holds it
             thread.start()
             assert taken.wait(30)
-    assert a.objects.get("revision.yaml")[0] == revision  # no marker of the stalled writer
+    # nothing but its own lock's object (taken, then the refused renewal): not even a marker, nothing put back
+    assert [rel for rel in puts if rel != ".lock"] == [] and a.objects.get("revision.yaml")[0] == revision
     release.set()
     thread.join(30)
     assert sorted(b.load(LP)["instances"]) == ["other", "seed"]  # the real holder committed
@@ -551,3 +554,17 @@ def test_a_lock_whose_taking_answer_was_lost_is_its_own(checkouts, aws_env):
     lock.acquire()
     assert time.monotonic() - started < 5 and lock.etag == objects.version(".lock")
     assert objects.notices == []  # nothing broken
+
+
+def test_two_locks_of_one_process_with_the_same_what_are_two_holders(checkouts, aws_env):
+    """Each lock carries a mark of its own: a second lock of this process, for the same writer's what, does not take
+    the first one's object for its own (two threads of one run would both think they held the tree)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import LockBusy, S3Lock
+    objects = MetaState(str(checkouts("a"))).objects
+    first = S3Lock(objects, 5, "same writer", 120)
+    first.acquire()
+    try:
+        with pytest.raises(LockBusy):
+            S3Lock(objects, 1, "same writer", 120).acquire()
+    finally:
+        first.release()

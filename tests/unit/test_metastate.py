@@ -956,11 +956,12 @@ def test_a_commit_that_fails_half_way_puts_back_what_it_wrote(tmp_path):
     before = (ms.revision(), ms.load("launch-params.yaml"), [d["revision"] for d in metastate.audit_trail(ms)])
     records = []
     _failing_puts(ms, lambda rel, n: rel.startswith("launch-params") and records.append(rel) is None
-                  and len(records) == 2)
+                  and len(records) == 3)
     with pytest.raises(MetaStateError, match=r"cannot write: No space left on device \(written before it in this "
                                              r"transaction: launch-params.yaml\); nothing of this transaction stays: "
                                              r"what it had written was put back"):
         with ms.transaction("second") as txn:
+            txn.save_record("launch-params.yaml", "api", {"image": "b", "launched": False})  # a new record, removed again
             txn.save_record("launch-params.yaml", "db", {"image": "b", "launched": False})
             txn.save_record("launch-params.yaml", "web", {"image": "b", "launched": False})
     reader = _ms(tmp_path)
@@ -992,3 +993,35 @@ def test_a_commit_whose_put_back_fails_too_says_so_and_keeps_its_marker(tmp_path
     with reader.transaction("third") as txn:
         txn.save_record("launch-params.yaml", "web", {"image": "c", "launched": False})
     assert reader.revision() == 3
+
+
+def test_a_commit_whose_last_write_fails_leaves_no_audit_record(tmp_path):
+    """The records and the audit record are written, the final revision.yaml is not: the audit record goes too (it
+    would describe a revision that never was), and so do the records."""
+    ms = _ms(tmp_path)
+    with ms.transaction("first") as txn:
+        txn.save_record("launch-params.yaml", "db", {"image": "a", "launched": False})
+    before = (ms.revision(), ms.load("launch-params.yaml"))
+    revisions = []
+    _failing_puts(ms, lambda rel, n: rel == "revision.yaml" and (revisions.append(rel) or len(revisions) == 2))
+    with pytest.raises(MetaStateError, match="nothing of this transaction stays"):
+        with ms.transaction("second") as txn:
+            txn.save_record("launch-params.yaml", "db", {"image": "b", "launched": False})
+    reader = _ms(tmp_path)
+    assert (reader.revision(), reader.load("launch-params.yaml")) == before
+    assert sorted(os.listdir(tmp_path / "cfg" / "meta-state" / "audit")) == ["00000001.yaml"]
+
+
+def test_a_removed_record_is_synced_into_its_directory(tmp_path, monkeypatch):
+    """A record's removal is made durable as a rename is: its directory is synced after the unlink."""
+    ms = _ms(tmp_path)
+    with ms.transaction() as txn:
+        txn.save_record("launch-params.yaml", "db", {"image": "a", "launched": False})
+    calls = []
+    real_unlink, real_fsync = os.unlink, os.fsync
+    monkeypatch.setattr(os, "unlink", lambda p, *a, **k: (calls.append(("unlink", p)), real_unlink(p, *a, **k))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", fd)), real_fsync(fd))[1])
+    with ms.transaction() as txn:
+        txn.save_record("launch-params.yaml", "db", None)
+    record = [i for i, c in enumerate(calls) if c[0] == "unlink" and c[1].endswith(os.path.join("launch-params", "db.yaml"))]
+    assert record and calls[record[0] + 1][0] == "fsync", calls
