@@ -15,6 +15,9 @@ description:
     them under C(<config_root>/generated/<lifecycle>/<builder>/<phase>/).
   - Each root is replaced as a whole (staged beside it, compared, then swapped in; the emission is already in C(terraform fmt) form); files that
     csis.infra did not generate (C(.terraform/), local state, plan files) are kept.
+  - A render that fails after it wrote roots (a root's C(init) or C(validate) fails, a file cannot be
+    written) puts every root it wrote back as it was, without its prepare stamp (a root it created is
+    removed), and says so at the end of its message; the next render initialises and validates them again.
   - Without C(module_source_base) in C(cfg/_config.yml), the roots call the collection's own terraform
     modules, copied into C(<config_root>/generated/.modules/<collection version>/) (only when they differ)
     and referenced by relative paths, so a rendered tree plans wherever it is moved or checked out.

@@ -196,3 +196,55 @@ def test_a_following_root_that_fails_is_left_to_its_own_run(rendered: Dict[str, 
     with pytest.raises(writer.EmitError) as err:
         writer.prepare_roots([(tofu, "terraform", None)], dry_run=True)
     assert str(err.value).startswith(tofu + ": 'terraform validate -no-color' failed (rc 1):"), err.value
+
+
+def _generated_files(root: str) -> Dict[str, bytes]:
+    """Every file under ``generated/`` but the modules' copies and terraform's own data directory."""
+    out: Dict[str, bytes] = {}
+    gen = os.path.join(root, "generated")
+    for base, dirs, names in os.walk(gen):
+        dirs[:] = [d for d in dirs if d not in (".terraform", ".modules")]
+        for n in names:
+            with open(os.path.join(base, n), "rb") as fh:
+                out[os.path.relpath(os.path.join(base, n), gen)] = fh.read()
+    return out
+
+
+def test_a_render_that_fails_its_validate_puts_back_every_root_it_wrote(rendered: Dict[str, Any], tmp_path: Any) -> None:
+    """Nothing half-written: a change that every root takes (the terraform version the roots
+    require) and that terraform then refuses fails the render, and the roots are as they were
+    before it, byte for byte, without their prepare stamps (the next render initialises and
+    validates them again); a root the render created is gone. The next render with the tree as
+    it was finds the roots' files unchanged and validates them again."""
+    root = os.path.join(str(tmp_path), "copy")
+    shutil.copytree(rendered["root"], root, symlinks=True)
+    was = _generated_files(root)
+    config = os.path.join(root, "cfg", "_config.yml")
+    with open(config, encoding="utf-8") as fh:
+        good = fh.read()
+    replace_text(config, "config:\n", 'config:\n  terraform_required_version: ">= 99.0"\n')
+    with pytest.raises(writer.EmitError) as err:
+        service.render(root, ["storage", "instance-image"], dry_run=True)
+    msg = str(err.value)
+    assert "Unsupported Terraform Core version" in msg, msg
+    assert msg.endswith("\n(the 3 roots this render wrote were put back as they were)"), msg
+    assert _generated_files(root) == was
+    gen = os.path.join(root, "generated")
+    dirs = [os.path.join(gen, "storage", b, "storage-generation") for b in ("solo-ebs", "solo-s3")]
+    dirs.append(os.path.join(gen, "instance-image", "solo-tofu", "instance-generation"))
+    assert not [d for d in dirs if os.path.exists(os.path.join(d, writer.STAMP))]
+    with open(config, "w", encoding="utf-8") as fh:
+        fh.write(good)
+    again = service.render(root, ["storage", "instance-image"], dry_run=True)
+    assert again["changed"] is False, [r["key"] for r in again["roots"] if r["changed"]]
+    assert {r["key"]: r["commands"][-1] for r in again["roots"]} == dict.fromkeys(
+        ("storage-solo-ebs", "storage-solo-s3", "instance-image-solo-tofu"),
+        "terraform validate -no-color (one run for 3 roots)")
+    # a first render that fails leaves no root behind
+    fresh = rt.copy_tree("nobackend", os.path.join(str(tmp_path), "fresh"))
+    replace_text(os.path.join(fresh, "cfg", "_config.yml"), "config:\n", 'config:\n  terraform_required_version: ">= 99.0"\n')
+    with pytest.raises(writer.EmitError) as err:
+        service.render(fresh, ["storage"], dry_run=True)
+    assert str(err.value).endswith("\n(the 2 roots this render wrote were put back as they were)"), err.value
+    # (nor the folders made for them; the modules' copy and generated/.gitignore may stay)
+    assert not os.path.exists(os.path.join(fresh, "generated", "storage"))

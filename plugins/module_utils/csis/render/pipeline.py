@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..apply.workspace import mask_url
 from ..config.validate import load_and_validate
@@ -17,7 +17,7 @@ from ..terraform import env_overrides, takes_ephemeral_variables
 from . import cascade as cascade_lib
 from .plan import LIFECYCLES, RenderOptions, RootPlan
 from .roots import plan_roots
-from .writer import UNCHANGED, EmitError, compare, prepare_roots, vendor_modules, write_root
+from .writer import UNCHANGED, Before, EmitError, before, compare, prepare_roots, restore, vendor_modules, write_root
 
 GENERATED_GITIGNORE = """# written by csis.infra: run output, never commit
 .terraform/
@@ -100,6 +100,70 @@ def _store_warnings(tree: Any, dry_run: bool) -> List[str]:
             "{backend: s3, ...} in cfg/_config.yml, docs/awx-setup.md)" % (tree.root, printable(job)[:40])]
 
 
+def _write_and_prepare(tree: Any, plans: List[RootPlan], ahead: List[RootPlan], results: List[Tuple[RootPlan, Any]],
+                       written: List[Before], diffs: List[Dict[str, str]], check_mode: bool, want_diff: bool,
+                       dry_run: bool, prepare: bool, workers: int,
+                       extra_env: Optional[Mapping[str, str]]) -> Tuple[bool, Optional[Dict[str, Any]], Dict[str, Any]]:
+    """Write the roots that changed (each one's files before it into ``written``), vendor the
+    modules, prepare the roots; returns (changed, the vendored modules, the prepare commands)."""
+    changed = False
+    for p in plans + ahead:
+        directory = os.path.join(tree.root, p.directory)
+        # The emission is terraform-fmt canonical by construction (hcl.py; pinned by
+        # tests/unit/test_render.py::test_emission_is_already_in_fmt_form, and `fmt -check`
+        # runs in every prepared root): piping 1000s of files through `terraform fmt` here
+        # cost ~2 s at 1,000 instances.
+        files = dict(p.files)
+        res = compare(directory, files, want_diff)
+        changed = changed or res.changed
+        diffs.extend(res.diff)
+        if res.changed and not check_mode:
+            was = before(directory, files)
+            write_root(directory, files)  # puts its own root back when it fails
+            written.append(was)
+        results.append((p, res))
+    # Without module_source_base the roots call the collection's own modules, vendored into
+    # generated/.modules/<version>/ (before prepare: init reads them). An explicit base wins.
+    modules: Optional[Dict[str, Any]] = None
+    if plans and tree.config.module_source_base is None:
+        modules = vendor_modules(tree.root, check_mode=check_mode, diff=diffs if want_diff else None)
+        changed = changed or modules["changed"]
+    gi = os.path.join(tree.root, "generated", ".gitignore")
+    if plans and not os.path.exists(gi):
+        changed = True
+        if want_diff:
+            diffs.append({"before_header": gi, "after_header": gi, "before": "", "after": GENERATED_GITIGNORE})
+        if not check_mode:
+            os.makedirs(os.path.dirname(gi), exist_ok=True)
+            with open(gi, "w", encoding="utf-8") as fh:
+                fh.write(GENERATED_GITIGNORE)
+    commands: Dict[str, Any] = {}
+    if prepare and not check_mode and plans:
+        commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans + ahead],
+                                 dry_run=dry_run, workers=workers, extra_env=extra_env,
+                                 optional=[os.path.join(tree.root, p.directory) for p in ahead])
+    return changed, modules, commands
+
+
+def _put_back(written: List[Before]) -> str:
+    """Put the roots a failed render wrote back as they were (:func:`.writer.restore`); what
+    to add to its message."""
+    if not written:
+        return ""
+    left = []
+    for was in reversed(written):
+        try:
+            restore(was)
+        except OSError as exc:
+            left.append("%s (%s)" % (was.directory, exc.strerror or exc))
+    if left:
+        return ("\n(the roots this render wrote were put back as they were, but for %s: each is a whole new "
+                "root; the next render writes it again)" % "; ".join(left))
+    return "\n(the %d root%s this render wrote %s put back as %s were)" % (
+        len(written), "" if len(written) == 1 else "s", "was" if len(written) == 1 else "were",
+        "it" if len(written) == 1 else "they")
+
+
 @_os_errors_named
 def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, only_runtime: Optional[str] = None,
            apply_runtime: Optional[str] = None, overlays: Iterable[str] = (), undeclare: Iterable[str] = (),
@@ -175,42 +239,22 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
     ahead: List[RootPlan] = []
     if prepare_ahead and dry_run and prepare and not cascade and plans:  # check mode: compared, not written
         ahead = _following_roots(tree, meta, lifecycles, opts)
-    results = []
-    changed = False
+    results: List[Tuple[RootPlan, Any]] = []
     diffs: List[Dict[str, str]] = []
-    for p in plans + ahead:
-        directory = os.path.join(tree.root, p.directory)
-        # The emission is terraform-fmt canonical by construction (hcl.py; pinned by
-        # tests/unit/test_render.py::test_emission_is_already_in_fmt_form, and `fmt -check`
-        # runs in every prepared root): piping 1000s of files through `terraform fmt` here
-        # cost ~2 s at 1,000 instances.
-        files = dict(p.files)
-        res = compare(directory, files, want_diff)
-        changed = changed or res.changed
-        diffs.extend(res.diff)
-        if res.changed and not check_mode:
-            write_root(directory, files)
-        results.append((p, res))
-    # Without module_source_base the roots call the collection's own modules, vendored into
-    # generated/.modules/<version>/ (before prepare: init reads them). An explicit base wins.
-    modules: Optional[Dict[str, Any]] = None
-    if plans and tree.config.module_source_base is None:
-        modules = vendor_modules(tree.root, check_mode=check_mode, diff=diffs if want_diff else None)
-        changed = changed or modules["changed"]
-    gi = os.path.join(tree.root, "generated", ".gitignore")
-    if plans and not os.path.exists(gi):
-        changed = True
-        if want_diff:
-            diffs.append({"before_header": gi, "after_header": gi, "before": "", "after": GENERATED_GITIGNORE})
-        if not check_mode:
-            os.makedirs(os.path.dirname(gi), exist_ok=True)
-            with open(gi, "w", encoding="utf-8") as fh:
-                fh.write(GENERATED_GITIGNORE)
-    commands: Dict[str, Any] = {}
-    if prepare and not check_mode and plans:
-        commands = prepare_roots([(os.path.join(tree.root, p.directory), p.binary, p.backend_file) for p in plans + ahead],
-                                 dry_run=dry_run, workers=workers, extra_env=extra_env,
-                                 optional=[os.path.join(tree.root, p.directory) for p in ahead])
+    written: List[Before] = []
+    try:
+        changed, modules, commands = _write_and_prepare(
+            tree, plans, ahead, results, written, diffs, check_mode=check_mode, want_diff=want_diff,
+            dry_run=dry_run, prepare=prepare, workers=workers, extra_env=extra_env)
+    except BaseException as exc:
+        # nothing half-written: when a root fails its init or validate (or a file cannot be
+        # written), the render fails and every root it wrote is put back as it was
+        note = _put_back(written)
+        if isinstance(exc, OSError):
+            raise EmitError("%s: cannot render there: %s%s" % (exc.filename or tree.root, exc.strerror or exc, note)) from exc
+        if isinstance(exc, EmitError) and note:
+            raise EmitError(str(exc) + note) from exc
+        raise
 
     def done(p: RootPlan) -> List[str]:
         return [c["cmd"] for c in commands.get(os.path.join(tree.root, p.directory), [])]

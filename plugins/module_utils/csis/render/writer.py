@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import difflib
+import errno
 import hashlib
 import json
 import os
@@ -158,6 +159,60 @@ def write_root(directory: str, files: Mapping[str, str]) -> None:
         if not swapped and _put_back(directory, old, stage, moved):
             shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+@dataclass
+class Before:
+    """A root's generated files as they were before a render wrote it (:func:`before`), for
+    :func:`restore` when the render then fails: ``existed`` (the directory), ``files`` (name ->
+    text; ``None`` for a file that was not there)."""
+    directory: str
+    existed: bool
+    files: Dict[str, Optional[str]]
+    #: the nearest of the directory's parents that was there (those below it are removed with it)
+    kept: str
+
+
+def before(directory: str, files: Mapping[str, str]) -> Before:
+    """What :func:`write_root` of ``files`` is about to replace in ``directory``."""
+    names = set(files) | set(_manifest(directory)) | {MANIFEST}
+    kept = os.path.dirname(directory.rstrip("/"))
+    while kept and not os.path.isdir(kept) and os.path.dirname(kept) != kept:
+        kept = os.path.dirname(kept)
+    return Before(directory, os.path.isdir(directory), {n: _read(os.path.join(directory, n)) for n in names}, kept)
+
+
+def restore(was: Before) -> None:
+    """Put a root back as :func:`before` found it: its generated files (in one swap, its run
+    output carried over, as :func:`write_root` does), or no directory at all when there was
+    none. Its prepare stamp goes: whatever this render's init did in the root, the next render
+    initialises and validates it again."""
+    d = was.directory
+    if not was.existed:
+        shutil.rmtree(d, ignore_errors=True)
+        if os.path.exists(d):
+            raise OSError(errno.ENOTEMPTY, "cannot be removed", d)
+        parent = os.path.dirname(d.rstrip("/"))
+        while parent != was.kept and parent.startswith(was.kept + os.sep):  # the folders made for it, if empty
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+        return
+    if was.files.get(MANIFEST) is not None:
+        write_root(d, {n: t for n, t in was.files.items() if n != MANIFEST and t is not None})
+    else:  # a directory the render had not written before: file by file
+        for n, text in was.files.items():
+            path = os.path.join(d, n)
+            if text is None:
+                if os.path.lexists(path):
+                    os.unlink(path)
+            else:
+                with open(path, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+    if os.path.lexists(os.path.join(d, STAMP)):
+        os.unlink(os.path.join(d, STAMP))
 
 
 def _put_back(directory: str, old: str, stage: str, moved: Sequence[str]) -> bool:
