@@ -20,6 +20,7 @@ import os
 
 import pytest
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.state import store
 from day2_trees import Runner, make_tree, meta, tail, text
 
 pytestmark = pytest.mark.integration
@@ -35,6 +36,19 @@ STORAGES = [
 def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path, moto_endpoint):
     t = Runner(make_tree(str(tmp_path), TAG, STORAGES, []), moto_endpoint)
     moto_endpoint.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
+
+    # First without an answer (stdin is no terminal): each root that waited for it is refused
+    # itself, in the summary and the audit trail, not one refused and the other "stopped"
+    refused = t.play("storage.yml", csis_auto_approve=False)
+    assert refused.returncode != 0, tail(refused)
+    assert text(refused).count("Not approved (stdin is not interactive): nothing applied.") >= 2, tail(refused)
+    with open(os.path.join(t.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)["roots"]
+    assert {k: (r["status"], r["failed_step"]) for k, r in summary.items()} == dict.fromkeys(
+        ("storage-aws-ebs", "storage-aws-s3"), ("failed", "Refuse without approval")), summary
+    kinds = {(e["root"], e["kind"]) for doc in store.audit_trail(store.MetaState(t.root)) for e in doc["events"]}
+    assert kinds == {("storage-aws-ebs", "not approved"), ("storage-aws-s3", "not approved")}, kinds
+    assert "storage-state.yaml" not in os.listdir(os.path.join(t.root, "meta-state"))
 
     res = t.play("storage.yml")
     out = text(res)
