@@ -14,7 +14,9 @@ The tests run in order on one tree.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import time
 
@@ -102,6 +104,13 @@ def test_a_passing_ephemeral_is_verified_and_torn_down(tree):
     assert "eph-keep" not in meta(tree.root, "launch-params.yaml").get("instances", {})
     ist = meta(tree.root, "instance-state.yaml")["instances"]["eph-keep"]
     assert ist["current"] is None and ist["history"][-1]["why"] == "ephemeral" and ist["generation"]["ephemeral"] == 1
+    # the run summary holds both passes: the launch and the teardown
+    with open(os.path.join(tree.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
+        entry = json.load(fh)["roots"]["instance-image-open-tofu"]
+    assert entry["status"] == "ok" and entry["applied"] is True, entry
+    assert re.match(r"Plan: [1-9]\d* to add, 0 to change, 0 to destroy[^;]*; teardown: Plan: 0 to add, 0 to change, [1-9]",
+                    entry["plan"]), entry["plan"]
+    assert {"launch-params.yaml", "instance-state.yaml"} <= set(entry["recorded"]), entry["recorded"]
 
 
 def test_a_failing_ephemeral_under_keep_stays_standing_and_fails_the_run(tree):
