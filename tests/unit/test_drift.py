@@ -10,6 +10,7 @@ import os
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import drift as d
 from ansible_collections.csis.infra.plugins.module_utils.csis.state import lookups
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.expectations import expectations
+from ansible_collections.csis.infra.plugins.module_utils.csis import aws
 from ansible_collections.csis.infra.plugins.module_utils.csis.aws import Endpoint
 
 TAG = "csis-example"
@@ -444,3 +445,14 @@ def test_the_expectations_carry_an_ephemerals_last_verdict():
     assert got["eph"]["ephemeral"] is True and got["web"]["ephemeral"] is False
     assert got["eph"]["verification"] == {"ok": False, "time": "t2", "failed": "startup scripts: missing"}
     assert got["web"]["verification"] == {}
+
+
+def test_a_one_day_efs_transition_is_efs_own_name():
+    """EFS calls a one-day transition AFTER_1_DAY (not AFTER_1_DAYS, which the provider refuses at
+    plan): the render and the drift report's expectation use the same name."""
+    assert aws.efs_transition(1) == "AFTER_1_DAY" and aws.efs_transition(7) == "AFTER_7_DAYS"
+    e = exps([st("fs", stype="efs", file_system_id="fs-1", lifecycle={"ia_days": 1})])
+    carried = {"present": True, "what": "filesystem", "id": "fs-1", "state": "available",
+               "lifecycle": {"TransitionToIA": "AFTER_1_DAY"}}
+    r = d.classify(e, {"storages": {"fs": carried}, "instances": {}, "foreign": []})
+    assert lines(r) == [], r["drift"]

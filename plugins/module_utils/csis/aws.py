@@ -255,6 +255,11 @@ def state_backend_access(backend: Any) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- errors
+def efs_transition(days: int) -> str:
+    """EFS's name of a lifecycle transition after ``days`` days (``AFTER_1_DAY``, ``AFTER_7_DAYS``, ...)."""
+    return "AFTER_1_DAY" if int(days) == 1 else "AFTER_%d_DAYS" % int(days)
+
+
 def error_code(exc: BaseException) -> Optional[str]:
     """The AWS error code of a botocore error (else its HTTP status), or None."""
     resp = getattr(exc, "response", None)

@@ -180,9 +180,9 @@ class StorageRoots(RootPlanner):
                 args.append(("creation_token", efs_creation_token(self.t.resource_tag()["csis_config"], st.name)))
             lc = st.lifecycle or {}
             if "ia_days" in lc and not fsid:
-                args.append(("transition_to_ia", "AFTER_%d_DAYS" % lc["ia_days"]))
+                args.append(("transition_to_ia", aws.efs_transition(lc["ia_days"])))
             if "archive_days" in lc and not fsid:
-                args.append(("transition_to_archive", "AFTER_%d_DAYS" % lc["archive_days"]))
+                args.append(("transition_to_archive", aws.efs_transition(lc["archive_days"])))
             if st.groups:
                 args.append(("access_points", {g: {"gid": self.gid_ref(g), "path": "/%s" % g,
                                                    "permissions": st.share_mode} for g in sorted(st.groups)}))

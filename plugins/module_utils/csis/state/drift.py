@@ -26,6 +26,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from ..aws import efs_transition
 from ..errors import CsisError, printable
 from ..fsutil import read_json, write_atomic
 
@@ -59,9 +60,9 @@ def _describe(obs: Mapping[str, Any]) -> str:
 def _efs_expected(lc: Mapping[str, Any]) -> Dict[str, str]:
     out = {}
     if "ia_days" in lc:
-        out["TransitionToIA"] = "AFTER_%d_DAYS" % int(lc["ia_days"])
+        out["TransitionToIA"] = efs_transition(lc["ia_days"])
     if "archive_days" in lc:
-        out["TransitionToArchive"] = "AFTER_%d_DAYS" % int(lc["archive_days"])
+        out["TransitionToArchive"] = efs_transition(lc["archive_days"])
     return out
 
 
