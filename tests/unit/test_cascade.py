@@ -220,3 +220,52 @@ def test_a_tree_whose_approval_rules_ask_for_another_person_or_a_merge_says_the_
     edit(tree, "cfg/_config.yml", lambda d: d.update(approvals={"distinct_approver": True}))
     rules = c.cascade_of(tree, "example-us-east-2", run_version=corpus.version_stub({}))["approval_rules"]
     assert len(rules) == 1 and rules[0].startswith("approvals.distinct_approver is set (cfg/_config.yml)")
+
+
+def test_a_cascade_whose_only_work_is_a_data_step_is_approved(tree):
+    """An environment whose only data left is an archived volume's snapshot: the cascade destroys no
+    resource, only deletes the snapshot, and that is what the one approval covers (the playbook asks,
+    audits and refuses without an answer only when ``approved`` is not empty); a phase whose step the
+    approval did not show is refused as a destroy is."""
+    edit(tree, "instances/instances.yaml", lambda x: x.update(instances=[]))
+    edit(tree, "storages/storage0.yaml", lambda x: [s.update(state="archived" if s["name"] == "mnt_data" else "destroyed")
+                                                    for s in x["storages"]])
+    write_meta(tree, "launch-params.yaml", {"instances": {}})
+    write_meta(tree, "storage-state.yaml", {"storages": {
+        "mnt_data": {"state": "archived", "generation": 1,
+                     "facts": {"builder": "aws-ebs", "type": "ebs", "archive": "csis-mnt_data-archive"}},
+        "default-bucket": {"state": "destroyed", "generation": 1, "facts": {"builder": "aws-s3", "type": "s3"}},
+        "efs-storage": {"state": "destroyed", "generation": 1, "facts": {"builder": "aws-efs", "type": "efs"}}}})
+    cas = c.cascade_of(tree, ENV, ebs="destroyed", run_version=corpus.version_stub({}))
+    steps = [x for ph in cas["phases"] for x in ph["steps"]]
+    assert any("delete the archive snapshot csis-mnt_data-archive" in x for x in steps), cas["lines"]
+    assert set(steps) <= set(cas["approved"]) and cas["approved"], cas["approved"]
+    t, meta = load(tree)
+    spec = {"environment": ENV, "phase": "storage", "ebs": "destroyed"}
+    _r, _i, problems = c.apply_phase(t, meta, dict(spec, approved=[d for d in cas["approved"] if d not in steps]))
+    assert [p.key for p in problems] == ["cascade.approved"], problems
+    assert "delete the archive snapshot csis-mnt_data-archive" in problems[0].message
+    t, meta = load(tree)
+    assert c.apply_phase(t, meta, dict(spec, approved=cas["approved"]))[2] == []
+
+
+def test_a_declared_machine_outside_whose_launch_record_still_mounts_the_storage_is_refused(tree):
+    """A machine outside the environment whose declaration no longer mounts mnt_data (a detach not
+    applied yet) still has it attached (its launch record): the cascade is refused before anything
+    runs, not at its storage phase with the environment's instances already gone."""
+    edit(tree, "cfg/hierarchy.yml", lambda x: x["hierarchy"].append(
+        {"name": "west", "kind": "environment", "parent": "example-account", "dependency_configs": {"region": "us-west-2"}}))
+    edit(tree, "cfg/runtime-builders.yml", lambda x: x["runtime_builders"].append(
+        dict(x["runtime_builders"][0], name="west-runtime", environment="west", is_default=False)))
+    edit(tree, "cfg/instance-builders.yml", lambda x: x["instance_builders"].append(
+        dict(x["instance_builders"][0], name="west-tofu", runtime="west-runtime", is_default=False)))
+    edit(tree, "images/images.yaml", lambda x: x["images"][0]["runtimes"].append("west-runtime"))
+    edit(tree, "instances/instances.yaml", lambda x: x["instances"].append(
+        {"name": "far1", "image": x["instances"][0]["image"], "type": "west-tofu", "runtime": "west-runtime"}))
+    far = dict(launched("far1", [MNT], runtime="west-runtime"), builder="west-tofu")
+    write_meta(tree, "launch-params.yaml", {"instances": {"test2": launched("test2", [MNT]), "far1": far}})
+    t, meta = load(tree)
+    got = [str(p) for p in c.plan_cascade(t, meta, ENV)["problems"] if "far1" in str(p) and "group 'coops'" not in str(p)]
+    assert got == ["meta-state/launch-params.yaml: instances.far1: launched instance 'far1' (outside environment "
+                   "'example-us-east-2') mounts storage 'mnt_data', which the cascade would destroy: apply its detach "
+                   "first (the instance-image lifecycle of its runtime)"], got

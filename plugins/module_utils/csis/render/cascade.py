@@ -244,23 +244,30 @@ def plan_cascade(tree: Any, meta: Mapping[str, Any], environment: str, ebs: str 
     # what stays attaches nothing that goes
     inside_storages = set(s.storages()) | set(s.undeclared_records())
     inside_instances = set(s.instances()) | set(s.launched_inside())
+    seen = set()
     for n, inst in sorted(tree.instances.items()):
         if n in inside_instances:
             continue
         for mp in inst.storages:
             if mp.name in inside_storages:
+                seen.add((n, mp.name))
                 problems.append(Problem(*tree.at("instance", n, "storages"), message=(
                     "instance '%s' (outside environment '%s') attaches storage '%s', which the cascade of '%s' would "
                     "%s: detach it first" % (n, environment, mp.name, environment,
                                              phases[2]["storage_states"].get(mp.name, "destroy")))))
+    # what a machine outside mounts now is its launch record's: a declaration that dropped the mount
+    # is a detach not applied yet, and the storage phase would be refused with the instances gone
     for n, r in sorted(s.launched.items()):
-        if n in inside_instances or n in tree.instances:
+        if n in inside_instances:
             continue
         for mnt in r.get("mounts") or []:
-            if isinstance(mnt, dict) and mnt.get("storage") in inside_storages:
+            if isinstance(mnt, dict) and mnt.get("storage") in inside_storages and (n, mnt["storage"]) not in seen:
+                seen.add((n, mnt["storage"]))
+                fix = ("apply its detach first (the instance-image lifecycle of its runtime)" if n in tree.instances
+                       else "decommission it first")
                 problems.append(Problem("meta-state/launch-params.yaml", "instances.%s" % n, (
                     "launched instance '%s' (outside environment '%s') mounts storage '%s', which the cascade would "
-                    "destroy: decommission it first" % (n, environment, mnt["storage"]))))
+                    "destroy: %s" % (n, environment, mnt["storage"], fix))))
     for gb in phases[3]["destroy_identity"]:
         for g in sorted(x.name for x in tree.groups.values() if tree.group_builder_for(x) is tree.group_builders[gb]):
             users = _group_users(tree, meta, s, g, inside_storages, inside_instances)
@@ -305,11 +312,13 @@ def apply_phase(tree: Any, meta: Mapping[str, Any], spec: Mapping[str, Any]) -> 
     ph = full["phases"][PHASES.index(phase)]
     approved = spec.get("approved")
     if approved is not None:
-        extra = sorted(set(ph["destroys"]) - set(approved))
+        # its data steps too (an archive snapshot deleted, a bucket wiped): they destroy data as the destroys do
+        extra = sorted(set(ph["destroys"] + ph["steps"]) - set(approved))
         if extra:
             return set(), [], [Problem("", "cascade.approved", (
-                "the %s phase of the cascade of '%s' would destroy %s, which its approval did not show (meta-state "
-                "changed since): run playbooks/destroy_environment.yml again" % (phase, spec.get("environment"), ", ".join(extra))))]
+                "the %s phase of the cascade of '%s' would %s, which its approval did not show (meta-state "
+                "changed since): run playbooks/destroy_environment.yml again"
+                % (phase, spec.get("environment"), "; ".join(("destroy " + x) if x in ph["destroys"] else x for x in extra))))]
     # a phase runs over what the earlier phases left: their changes hold in it too
     for earlier in full["phases"][:PHASES.index(phase) + 1]:
         for n in earlier["undeclare"]:
@@ -385,7 +394,9 @@ def cascade_of(config_root: str, environment: str, overlays: Sequence[str] = (),
             lifecycle, builder = _root_builder(tree, key)
             if builder is not None and not planner.may_apply(lifecycle, builder):
                 blocked.add(key)
-    approved = [d for ph in full["phases"] for d in ph["destroys"]]
+    # what the one approval covers: every destroy and every data step (a cascade whose only work is
+    # deleting archive snapshots destroys data all the same: it is asked for, audited, refused without)
+    approved = [d for ph in full["phases"] for d in ph["destroys"] + ph["steps"]]
     # the cascade's one approval is its runner's own (each phase runs with csis_auto_approve): a tree
     # whose approval rules ask for another person, or for a merge, cannot run it to the end
     rules = []
