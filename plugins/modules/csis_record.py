@@ -55,6 +55,17 @@ options:
       - When meta-state cannot take the record, the failure names it, with what terraform state holds, and says
         that a re-run records it.
     type: str
+  deleted:
+    description:
+      - The addresses this run's apply destroyed (the gate's C(addresses.delete) and C(addresses.replace)); empty when
+        the run applied nothing to the root.
+      - A storage recorded C(active) that the root's terraform state does not hold is recorded C(destroyed), and a
+        launched machine it does not hold is recorded decommissioned or torn down, only when this apply destroyed
+        something of its module. Otherwise the record stays, the module warns (the state does not hold it, but
+        nothing of this run destroyed it) and lists it in RV(unconfirmed).
+      - Omitted, the state alone decides (what a caller that cannot tell gets; the role always passes it).
+    type: list
+    elements: str
   context:
     description:
       - What the run's audit record of this transaction names besides its changes (meta-state
@@ -91,6 +102,15 @@ instances:
   description: What was recorded per instance (C(launched), C(standing), C(decommission), C(ephemeral), C(gone)).
   returned: for instance roots
   type: dict
+unconfirmed:
+  description:
+    - One line per storage or machine the state no longer holds but that this run's apply did not destroy (an import
+      that left terraform state untouched, a state edited by hand or lost, a record that failed after the apply that
+      destroyed it), whose record was kept; each is also a warning. RV(unconfirmed) lines name the fix
+      (M(csis.infra.csis_state_query) first; M(csis.infra.csis_forget) with C(force) records a resource that is gone).
+  returned: success (not in check mode)
+  type: list
+  elements: str
 bound:
   description:
     - The durable instances whose first pin this record bound (the AMI their first launch booted). The
@@ -109,12 +129,15 @@ def _record(module, p):
     if module.check_mode:
         return dict(changed=False, written=[], msg="check mode: nothing recorded")
     out = record_root(p["config_root"], p["root"], p["run_id"], p["done_transitions"], applied=p["applied"],
-                      context=p["context"])
+                      context=p["context"], deleted=p["deleted"])
+    for line in out.get("unconfirmed") or []:
+        module.warn(line)
     return dict(out, changed=bool(out.get("written")))
 
 
 RUN = ModuleRun(_record, argument_spec(CONFIG_ROOT_ARGS, root=dict(type="dict", required=True), run_id=dict(type="str", required=True),
                                        done_transitions=dict(type="list", elements="dict", default=[]), applied=dict(type="str"),
+                                       deleted=dict(type="list", elements="str"),
                                        context=dict(type="dict", default={})),
                 requires=("PyYAML",), options=dict(supports_check_mode=True))
 

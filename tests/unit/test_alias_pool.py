@@ -95,3 +95,17 @@ def test_bad_pool_lines_are_refused_naming_the_line(tree, text, line, message):
     found = [(p.file, p.key, p.message) for p in err.value.problems]
     assert any(f == "meta-state/aliases.txt" and k == "line %d" % line and msg.startswith(message)
                for f, k, msg in found), found
+
+
+def test_an_alias_older_than_the_history_keeps_is_still_retired():
+    """The history keeps the last 50 generations; the alias of one that drops out of it stays
+    retired (``retired_aliases``): a machine replaced on every new series head for two months
+    never hands its first alias to another machine."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+    rec = {"generation": {"durable": 0, "ephemeral": 0}, "current": None, "history": []}
+    for i in range(1, record.HISTORY_MAX + 3):
+        record.add_history(rec, {"number": i, "kind": "durable", "alias": "a%02d" % i, "why": "replaced"})
+    assert len(rec["history"]) == record.HISTORY_MAX and rec["history"][0]["number"] == 3
+    assert rec["retired_aliases"] == ["a01", "a02"]
+    taken = aliases.taken({"instance-state.yaml": {"instances": {"m": rec}}})
+    assert {"a01", "a02", "a52"} <= taken

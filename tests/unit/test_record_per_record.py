@@ -77,7 +77,7 @@ def test_recording_one_instance_reads_no_other_record(tmp_path):
         for name in (LP, IS, PINS):
             _damage(ms, name, other)
     got = record.record_instance_root(ms, _instance_root("n0"), _state(n0="i-0"), "r2")
-    assert got == {"n0": "standing", "_written": [], "_bound": []}
+    assert got == {"n0": "standing", "_written": [], "_bound": [], "_unconfirmed": []}
     got = record.record_instance_root(ms, _instance_root("n0"), _state(n0="i-new"), "r3")
     assert got["n0"] == "launched" and set(got["_written"]) == {LP, IS, PINS}  # replaced on another image
     assert got["_bound"] == []  # the pin moved: no first pin bound (the render named the new AMI already)
@@ -249,3 +249,41 @@ def test_a_state_not_as_terraform_writes_it_is_refused_naming_what_and_records_n
     assert str(err.value) == ("instance-image-ec2: the terraform state does not read as terraform writes it: %s; nothing "
                               "was recorded (terraform state pull in /trees/x/generated/instance-image/ec2 shows it)" % problem)
     assert (sorted(p.name for p in Path(ms.dir).rglob("*")) if os.path.isdir(ms.dir) else []) == before
+
+
+def test_a_subject_the_state_lost_is_recorded_gone_only_when_this_apply_destroyed_it(tmp_path):
+    """Meta-state never claims what no apply did: a storage recorded active, declared destroyed,
+    that the root's state does not hold (imported with terraform state untouched, a state edited or
+    lost) stays active with a warning line unless this run's apply destroyed something of its
+    module; the same for a launched machine to decommission or an ephemeral one. A machine whose
+    launch record says it never launched is closed without an apply (nothing claimed of reality)."""
+    ms = _ms(tmp_path)
+    _fleet(ms, 3)
+    root = {"lifecycle": "storage", "builder": "efs",
+            "storages": {"data": {"address": "module.data", "builder": "efs", "type": "efs", "requested_state": "destroyed"}}}
+    got = record.record_storage_root(ms, root, {"resources": []}, "r2", deleted=[])
+    assert "data" not in got and got["_written"] == [], got
+    [line] = got["_unconfirmed"]
+    assert line.startswith("storage data is recorded active and is declared destroyed, and the root's terraform state "
+                           "does not hold it, but this run's apply destroyed nothing of it: not recorded as gone."), line
+    assert "playbooks/forget.yml -e forget_storage=data -e force=true" in line
+    assert ms.load(ST)["storages"]["data"]["state"] == "active"
+    # another module's destroy is no proof; its own is
+    assert record.record_storage_root(ms, root, {"resources": []}, "r3", deleted=["module.database.aws_efs_file_system.this"])[
+        "_unconfirmed"]
+    got = record.record_storage_root(ms, root, {"resources": []}, "r4", deleted=["module.data.aws_efs_file_system.this"])
+    assert got["data"] == ["active", "destroyed"] and got["_unconfirmed"] == []
+
+    for info in ({"decommission": True}, {"ephemeral": True}):
+        got = record.record_instance_root(ms, _instance_root("n1", **info), _state(), "r5", deleted=[])
+        assert "n1" not in got and got["_written"] == [] and len(got["_unconfirmed"]) == 1, got
+        assert got["_unconfirmed"][0].startswith("instance n1 is recorded launched and is "), got
+        assert "n1" in ms.load(LP)["instances"] and ms.load(IS)["instances"]["n1"]["current"]["instance_id"] == "i-1"
+    got = record.record_instance_root(ms, _instance_root("n1", decommission=True), _state(), "r6",
+                                      deleted=["module.inst_n1.aws_instance.this"])
+    assert got["n1"] == "decommission" and got["_unconfirmed"] == []
+    # a launch record of a machine that never launched: closed without an apply
+    with ms.transaction("seed") as txn:
+        txn.save_record(LP, "n9", dict(_params(), launched=False))
+    got = record.record_instance_root(ms, _instance_root("n9", decommission=True), _state(), "r7", deleted=[])
+    assert got["n9"] == "decommission" and got["_unconfirmed"] == []

@@ -16,7 +16,8 @@ when the apply that launched it is recorded (``launch-params.yaml`` ``alias`` an
 generation in ``instance-state.yaml``).
 
 **Retirement.** A name is taken while any launch record carries it and while any generation
-of ``instance-state.yaml`` (the standing one or a closed one in its history) recorded it: the
+of ``instance-state.yaml`` (the standing one, a closed one in its history, or one older than the
+50 entries the history keeps: ``retired_aliases``) recorded it: the
 alias of a replaced or decommissioned machine is retired, never drawn again for another
 machine, also after ``playbooks/forget.yml`` (which closes the standing generation into the
 history, as a decommission does).
@@ -86,6 +87,8 @@ def taken(meta: Mapping[str, Any]) -> Set[str]:
         for gen in [rec.get("current")] + list(rec.get("history") or []):
             if isinstance(gen, dict) and gen.get("alias"):
                 out.add(str(gen["alias"]))
+        # the aliases of generations older than the history keeps (state/record.py add_history)
+        out.update(str(a) for a in rec.get("retired_aliases") or [] if a)
     return out
 
 

@@ -99,23 +99,57 @@ def _first(res: List[Dict[str, Any]], rtype: str, name: str = "this") -> Optiona
     return None
 
 
+def destroyed_by(address: str, deleted: Optional[Iterable[str]]) -> bool:
+    """Whether the apply whose destroyed addresses are ``deleted`` destroyed something of the module
+    at ``address`` (``None``: the caller does not say, as before it could: taken as yes)."""
+    if deleted is None:
+        return True
+    return any(d == address or d.startswith(address + ".") or d.startswith(address + "[") for d in deleted)
+
+
+def unconfirmed_text(kind: str, name: str, recorded: str, why: str) -> str:
+    """What a record says of a subject it does not call gone: the state does not hold it, but no
+    apply of this run destroyed it (an import that left terraform state untouched, a state edited
+    by hand or lost, a record that failed after the apply that destroyed it)."""
+    fix = ("playbooks/forget.yml -e forget_storage=%s -e force=true" % name if kind == "storage"
+           else "playbooks/forget.yml -e forget_instance=%s -e force=true" % name)
+    return ("%s %s is recorded %s and is %s, and the root's terraform state does not hold it, but this run's apply "
+            "destroyed nothing of it: not recorded as gone. playbooks/state_query.yml shows whether it exists; if it "
+            "is gone, %s records that (it looks it up first); if it exists, import it into the root "
+            "(playbooks/state_import.yml)" % (kind, name, recorded, why, fix))
+
+
 def add_history(rec: Dict[str, Any], entry: Dict[str, Any]) -> None:
-    rec.setdefault("history", []).append(entry)
-    del rec["history"][:-HISTORY_MAX]
+    """Append ``entry`` to the record's ``history``, which keeps the last :data:`HISTORY_MAX`
+    entries; the alias of a closed generation that drops out of it stays in ``retired_aliases``
+    (an alias is never drawn again: state/aliases.py)."""
+    history = rec.setdefault("history", [])
+    history.append(entry)
+    dropped = history[:-HISTORY_MAX]
+    del history[:-HISTORY_MAX]
+    aliases = [str(e["alias"]) for e in dropped if isinstance(e, dict) and e.get("alias")]
+    if aliases:
+        rec["retired_aliases"] = sorted(set(rec.get("retired_aliases") or []) | set(aliases))
 
 
 # --------------------------------------------------------------------------- storages
 def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
                         done_transitions: Iterable[Mapping[str, Any]] = (),
                         context: Optional[Mapping[str, Any]] = None,
-                        event: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                        event: Optional[Mapping[str, Any]] = None,
+                        deleted: Optional[Iterable[str]] = None) -> Dict[str, Any]:
     """Record the storages of an applied storage root; returns {storage: (from, to)}.
 
     Reads and writes only the records of the root's storages (and their read-model records),
-    whatever else meta-state holds. ``event`` (:func:`applied_event`) is audited with them."""
+    whatever else meta-state holds. ``event`` (:func:`applied_event`) is audited with them.
+    ``deleted``: the addresses this run's apply destroyed (none when it applied nothing); a
+    storage recorded ``active`` that the state does not hold is recorded ``destroyed`` only when
+    the apply destroyed something of its module, else it is listed in ``_unconfirmed``."""
     res = resources(state)
+    deleted = None if deleted is None else list(deleted)
     done = {(t.get("storage"), t.get("action")) for t in done_transitions}
     changes: Dict[str, Any] = {}
+    unconfirmed: List[str] = []
     with ms.transaction("csis_record storage root %s" % root.get("builder"), context=context) as txn:
         if event:
             txn.note(event)
@@ -162,7 +196,10 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
                     # the volume went at the archive; destroyed once the snapshot is deleted
                     if (name, "delete_archive_snapshot") in done:
                         new, action = "destroyed", "delete_archive_snapshot"
+                elif req == "destroyed" and cur == "active" and not destroyed_by(info["address"], deleted):
+                    unconfirmed.append(unconfirmed_text("storage", name, cur, "declared destroyed"))
                 elif req == "destroyed" and cur in ("active", "archived"):
+                    # (an archived storage's volume went at the archive, an apply recorded then)
                     new = "destroyed"
                     action = "wipe" if (name, "empty_bucket") in done else None
             if new is None or (rec is not None and new == cur and rec.get("facts", {}) == {**rec.get("facts", {}), **facts}):
@@ -191,6 +228,7 @@ def record_storage_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[s
             touched.append(name)
         refresh_storage_model(txn, touched)
     changes["_written"] = list(txn.written)
+    changes["_unconfirmed"] = unconfirmed
     return changes
 
 
@@ -288,15 +326,20 @@ def _instance_resource(mine: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[str, Any], run: str,
                          context: Optional[Mapping[str, Any]] = None,
-                         event: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                         event: Optional[Mapping[str, Any]] = None,
+                         deleted: Optional[Iterable[str]] = None) -> Dict[str, Any]:
     """Record the instances of an applied instance root; returns {instance: what happened}.
-    ``event`` (:func:`applied_event`) is audited with them.
+    ``event`` (:func:`applied_event`) is audited with them. ``deleted`` as
+    :func:`record_storage_root`'s: a launched machine the state does not hold is recorded gone
+    (decommissioned, torn down) only when this run's apply destroyed something of its module.
 
     Reads and writes only the records of the root's instances (launch-params, instance-state,
     pins), the rest of ``pins.yaml`` (pending replacements, the upgrade log) and the read-model
     records of the storages they mount, whatever else meta-state holds."""
     res = resources(state)
+    deleted = None if deleted is None else list(deleted)
     out: Dict[str, Any] = {}
+    unconfirmed: List[str] = []
     with ms.transaction("csis_record instance root %s" % root.get("builder"), context=context) as txn:
         if event:
             txn.note(event)
@@ -314,7 +357,12 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 srec = txn.load_record("instance-state.yaml", name)
                 if prev is not None or (srec and srec.get("current")):
                     why = "decommission" if info.get("decommission") else ("ephemeral" if info.get("ephemeral") else "gone")
-                    if info.get("decommission") or info.get("ephemeral") or (prev is not None and not prev.get("launched")):
+                    never_launched = prev is not None and not prev.get("launched")
+                    if (info.get("decommission") or info.get("ephemeral")) and not never_launched \
+                            and not destroyed_by(info["address"], deleted):
+                        unconfirmed.append(unconfirmed_text(
+                            "instance", name, "launched", "to be decommissioned" if info.get("decommission") else "ephemeral"))
+                    elif info.get("decommission") or info.get("ephemeral") or never_launched:
                         storages |= mounted_storages(close_instance_records(txn, pins, name, why, run))
                         launches[name] = None
                         out[name] = why
@@ -375,6 +423,7 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
         refresh_storage_model(txn, storages, launches)
     out["_written"] = list(txn.written)
     out["_bound"] = bound
+    out["_unconfirmed"] = unconfirmed
     return out
 
 
@@ -413,13 +462,17 @@ def record_failed_message(root: Mapping[str, Any], state: Mapping[str, Any], exc
 
 def record_root(config_root: str, root: Mapping[str, Any], run: str,
                 done_transitions: Iterable[Mapping[str, Any]] = (), state: Optional[Mapping[str, Any]] = None,
-                applied: Optional[str] = None, context: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                applied: Optional[str] = None, context: Optional[Mapping[str, Any]] = None,
+                deleted: Optional[Iterable[str]] = None) -> Dict[str, Any]:
     """Record what the root's terraform state holds (:func:`record_storage_root`,
     :func:`record_instance_root`). ``applied``: what this run applied to the root (its plan
     summary): audited as an ``applied`` event in the same transaction, so the trail shows every
     apply, one that changed no record too (a tag update, the identity root's groups); and named
     by the :class:`RecordError` raised when meta-state cannot take the record.
-    ``context`` (lifecycle, root, plan digest...) goes into the transaction's audit record."""
+    ``context`` (lifecycle, root, plan digest...) goes into the transaction's audit record.
+    ``deleted``: the addresses this run's apply destroyed (empty when it applied nothing); a
+    subject the state no longer holds is recorded gone only when the apply destroyed it, else it
+    is named in ``unconfirmed`` (one line each) and its record stays."""
     ms = MetaState(config_root)
     event = applied_event(root, applied, context)
     try:
@@ -432,10 +485,10 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
         if state is None:
             state = tfstate.read(root["directory"], root.get("binary") or "terraform")
         if root["lifecycle"] == "storage":
-            got = record_storage_root(ms, root, state, run, done_transitions, context, event)
+            got = record_storage_root(ms, root, state, run, done_transitions, context, event, deleted)
             key = "storages"
         else:
-            got = record_instance_root(ms, root, state, run, context, event)
+            got = record_instance_root(ms, root, state, run, context, event, deleted)
             key = "instances"
     except MetaStateError as exc:  # (no state read: an identity root, whose audit of the apply failed)
         raise RecordError(record_failed_message(root, state if isinstance(state, dict) else {}, exc, applied)) from exc
@@ -444,7 +497,8 @@ def record_root(config_root: str, root: Mapping[str, Any], run: str,
                           % (root.get("key") or root.get("builder"), exc, root.get("directory"))) from exc
     written = got.pop("_written", [])
     bound = got.pop("_bound", [])
-    return {key: got, "written": written, **({"bound": bound} if key == "instances" else {})}
+    unconfirmed = got.pop("_unconfirmed", [])
+    return {key: got, "written": written, "unconfirmed": unconfirmed, **({"bound": bound} if key == "instances" else {})}
 
 
 def applied_event(root: Mapping[str, Any], applied: Optional[str],
