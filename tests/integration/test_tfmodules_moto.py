@@ -208,6 +208,11 @@ def applied(tmp_path_factory, tf_env, moto_endpoint):
             "client_security_group_ids": [moto_endpoint.security_groups["addl"]],
             "tags": {"csis:storage": "shared"},
         }, ["file_system_id", "access_point_ids", "public_read_access_point_id", "security_group_id", "mount_target_ids"]),
+        "archive_efs": ("aws_storage_efs", {
+            "name": "tfm-efs-archive",
+            "transition_to_ia": "AFTER_30_DAYS",
+            "transition_to_archive": "AFTER_90_DAYS",
+        }, ["file_system_id"]),
         "adopted": ("aws_storage_efs", {
             "name": "tfm-efs-adopted",
             "existing_file_system_id": adopted_fs,
@@ -270,6 +275,7 @@ def test_efs_access_points_and_mount_targets(applied, moto_endpoint):
     assert fs["CreationToken"] == "tfm-efs-shared"
     assert fs["Encrypted"] is True
     assert fs["PerformanceMode"] == "generalPurpose"
+    assert fs["ThroughputMode"] == "bursting"  # no archive transition: the provider's default
     assert tags_of(fs["Tags"]) == {"Name": "tfm-efs-shared", "csis:storage": "shared"}
     policies = efs.describe_lifecycle_configuration(FileSystemId=fs_id)["LifecyclePolicies"]
     assert {"TransitionToIA": "AFTER_30_DAYS"} in policies
@@ -297,6 +303,35 @@ def test_efs_access_points_and_mount_targets(applied, moto_endpoint):
     nfs = [p for p in sg["IpPermissions"] if p.get("FromPort") == 2049]
     assert len(nfs) == 1 and nfs[0]["IpProtocol"] == "tcp" and nfs[0]["ToPort"] == 2049
     assert [g["GroupId"] for g in nfs[0]["UserIdGroupPairs"]] == [client_sg]
+
+
+def test_efs_archive_is_elastic(applied, moto_endpoint):
+    """AWS archives only file systems in the Elastic throughput mode: an archive transition makes
+    the module create one; adding one to a file system without it is an update in place, which
+    changes nothing else."""
+    efs = moto_endpoint.client("efs")
+    fs_id = applied["out"]["archive_efs"]["file_system_id"]
+    fs = efs.describe_file_systems(FileSystemId=fs_id)["FileSystems"][0]
+    assert fs["ThroughputMode"] == "elastic" and fs["PerformanceMode"] == "generalPurpose"
+    policies = efs.describe_lifecycle_configuration(FileSystemId=fs_id)["LifecyclePolicies"]
+    assert {"TransitionToArchive": "AFTER_90_DAYS"} in policies and {"TransitionToIA": "AFTER_30_DAYS"} in policies
+
+    # shared_efs (no archive, bursting) gains one
+    root = applied["root"]
+    body = applied["body"].replace('transition_to_ia = "AFTER_30_DAYS"\n  access_points',
+                                   'transition_to_ia = "AFTER_30_DAYS"\n  transition_to_archive = "AFTER_90_DAYS"\n  access_points')
+    assert body.count("transition_to_archive") == 2, body
+    root.write("main.tf", body)
+    try:
+        root.tf("plan", "-input=false", "-no-color", "-out=archive.tfplan")
+        shown = json.loads(root.tf("show", "-json", "archive.tfplan").stdout)
+    finally:
+        root.write("main.tf", applied["body"])
+    changes = {rc["address"]: rc["change"] for rc in shown["resource_changes"] if rc["change"]["actions"] != ["no-op"]}
+    assert list(changes) == ["module.shared_efs.aws_efs_file_system.this[0]"], list(changes)
+    change = changes["module.shared_efs.aws_efs_file_system.this[0]"]
+    assert change["actions"] == ["update"]
+    assert (change["before"]["throughput_mode"], change["after"]["throughput_mode"]) == ("bursting", "elastic")
 
 
 def test_efs_adopt_existing(applied, moto_endpoint):

@@ -206,3 +206,40 @@ def test_userdata_that_makes_the_user_data_too_large_for_ec2_is_refused(example)
     assert problem.message.startswith("the machine's user data would be ") and "over the 16384 EC2 takes" in problem.message
     corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.0.userdata": "echo hi\n" * 1000}})
     load_and_validate(example, run_version=corpus.version_stub({}))
+
+
+@pytest.mark.parametrize("muts", [
+    # the least AWS takes: a 30-day transition to STANDARD_IA / ONEZONE_IA, an expiration a day later
+    [{"file": "storages/storage0.yaml", "set": {"storages.1.lifecycle": {
+        "transition_days": 30, "storage_class": "ONEZONE_IA", "expire_days": 31}}}],
+    # an earlier transition to a class without that minimum
+    [{"file": "storages/storage0.yaml", "set": {"storages.1.lifecycle": {"transition_days": 1, "storage_class": "GLACIER_IR"}}}],
+    # an archive transition without an IA one; the builder's performance mode written out
+    [{"file": "cfg/storage-builders.yml", "set": {"storage_builders.0.variables.performance_mode": "generalPurpose"}},
+     {"file": "storages/storage0.yaml", "set": {"storages.2.lifecycle": {"archive_days": 90}}}],
+    # maxIO without an archive transition
+    [{"file": "cfg/storage-builders.yml", "set": {"storage_builders.0.variables.performance_mode": "maxIO"}}],
+    # each volume type at the ends of its sizes
+    [{"file": "cfg/storage-builders.yml", "set": {"storage_builders.1.variables.volume_type": "sc1",
+                                                  "storage_builders.1.size": 125}}],
+    [{"file": "cfg/storage-builders.yml", "set": {"storage_builders.1.variables.volume_type": "standard",
+                                                  "storage_builders.1.size": 1024}}],
+    [{"file": "cfg/storage-builders.yml", "set": {"storage_builders.1.variables.volume_type": "gp2",
+                                                  "storage_builders.1.size": 16384}}],
+    [{"file": "cfg/storage-builders.yml", "delete": ["storage_builders.1.variables.volume_type"],
+      "set": {"storage_builders.1.size": 65536}}],  # the module's default, gp3
+])
+def test_what_aws_takes_at_the_edges_is_valid(example, muts):
+    for mut in muts:
+        corpus.apply_mutation(example, mut)
+    load_and_validate(example, run_version=corpus.version_stub({}))
+
+
+def test_sizes_past_the_edges_are_refused(example):
+    corpus.apply_mutation(example, {"file": "cfg/storage-builders.yml", "set": {
+        "storage_builders.1.variables.volume_type": "gp2", "storage_builders.1.size": 16385}})
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    assert [(p.key, p.message) for p in err.value.problems] == [
+        ("storage_builders[1] (aws-ebs).size",
+         "storage builder 'aws-ebs': size 16385 GiB is outside what AWS takes for volume_type gp2: 1 to 16384 GiB")]

@@ -8,6 +8,12 @@ data "aws_ami" "this" {
     values = [var.ami_name_pattern]
   }
 
+  # the newest image that can launch: not one still being made (pending) or a failed one
+  filter {
+    name   = "state"
+    values = ["available"]
+  }
+
   lifecycle {
     precondition {
       condition     = var.ami_name_pattern != ""

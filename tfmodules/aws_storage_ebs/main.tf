@@ -13,6 +13,12 @@ data "aws_ebs_snapshot" "archive" {
     values = [var.snapshot_name]
   }
 
+  # a snapshot still being taken (pending) or one that failed (error) seeds no volume
+  filter {
+    name   = "status"
+    values = ["completed"]
+  }
+
   # the archive's owner tags, so another tree's snapshot of the same name never matches
   dynamic "filter" {
     for_each = var.snapshot_tags

@@ -16,6 +16,10 @@ resource "aws_efs_file_system" "this" {
   creation_token   = var.creation_token != "" ? var.creation_token : var.name
   performance_mode = var.performance_mode
   encrypted        = var.encrypted
+  # AWS archives only the files of a file system in the Elastic throughput mode (and the
+  # General Purpose performance mode): elastic with an archive transition; without one, the
+  # provider's default (bursting), so a file system without archive keeps its mode
+  throughput_mode = var.transition_to_archive == "" ? null : "elastic"
 
   dynamic "lifecycle_policy" {
     for_each = var.transition_to_ia == "" ? [] : [var.transition_to_ia]
@@ -32,6 +36,13 @@ resource "aws_efs_file_system" "this" {
   }
 
   tags = local.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.transition_to_archive == "" || var.performance_mode == "generalPurpose"
+      error_message = "transition_to_archive needs performance_mode generalPurpose: EFS archives only file systems in the General Purpose performance mode (and the Elastic throughput mode)."
+    }
+  }
 }
 
 resource "aws_efs_access_point" "group" {

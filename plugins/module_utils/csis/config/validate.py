@@ -29,6 +29,16 @@ USER_DATA_MAX = 16384
 S3_LIFECYCLE_CLASSES = ["STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"]
 EFS_IA_DAYS = [1, 7, 14, 30, 60, 90, 180, 270, 365]
 EFS_ARCHIVE_DAYS = [90, 180, 270, 365]
+#: the S3 storage classes AWS takes no lifecycle transition to earlier than 30 days
+S3_IA_CLASSES = ("STANDARD_IA", "ONEZONE_IA")
+S3_IA_MIN_DAYS = 30
+#: the sizes (GiB, inclusive) CreateVolume takes per EBS volume type
+EBS_SIZES = {"gp2": (1, 16384), "gp3": (1, 65536), "io1": (4, 16384), "io2": (4, 65536),
+             "st1": (125, 16384), "sc1": (125, 16384), "standard": (1, 1024)}
+#: the volume type of a tf-aws-ebs builder that declares none (tfmodules/aws_storage_ebs's default)
+EBS_DEFAULT_TYPE = "gp3"
+#: EBS volume types that need provisioned IOPS, which the builder has no input for
+EBS_PROVISIONED_IOPS = ("io1", "io2")
 
 #: legal (current -> requested) storage transitions; None = never applied
 LEGAL_TRANSITIONS: Set[Tuple[Optional[str], str]] = {
@@ -385,9 +395,21 @@ class Validation:
                 unknown = sorted(set(lc) - {"ia_days", "archive_days"})
                 if unknown:
                     add("storage '%s': unknown lifecycle keys %s (efs: ia_days, archive_days)" % (st.name, _names(unknown)))
+                valid = {}
                 for k, allowed in (("ia_days", EFS_IA_DAYS), ("archive_days", EFS_ARCHIVE_DAYS)):
                     if k in lc and not (_whole(lc[k]) and lc[k] in allowed):
                         add("storage '%s': lifecycle.%s must be one of %s, got %r" % (st.name, k, allowed, lc[k]))
+                    elif k in lc:
+                        valid[k] = lc[k]
+                if "ia_days" in valid and "archive_days" in valid and valid["archive_days"] <= valid["ia_days"]:
+                    add("storage '%s': lifecycle.archive_days must be later than lifecycle.ia_days (AWS moves files to "
+                        "Archive only after Infrequent Access), got archive_days %d, ia_days %d"
+                        % (st.name, valid["archive_days"], valid["ia_days"]))
+                mode = b.variables.performance_mode
+                if "archive_days" in lc and mode not in (None, "generalPurpose"):
+                    add("storage '%s': lifecycle.archive_days needs performance_mode generalPurpose, but its builder '%s' "
+                        "declares %s (AWS archives only file systems in the General Purpose performance mode and the "
+                        "Elastic throughput mode)" % (st.name, b.name, mode))
             elif b.type == "tf-aws-s3":
                 unknown = sorted(set(lc) - {"transition_days", "storage_class", "expire_days", "prefix"})
                 if unknown:
@@ -405,8 +427,37 @@ class Validation:
                     add("storage '%s': lifecycle.transition_days needs storage_class" % st.name)
                 if "transition_days" not in lc and "expire_days" not in lc:
                     add("storage '%s': lifecycle declares neither transition_days nor expire_days" % st.name)
+                days = {k: lc[k] for k in ("transition_days", "expire_days") if k in lc and _whole(lc[k]) and lc[k] > 0}
+                if "transition_days" in days and lc.get("storage_class") in S3_IA_CLASSES \
+                        and days["transition_days"] < S3_IA_MIN_DAYS:
+                    add("storage '%s': lifecycle.transition_days must be at least %d for storage_class %s (AWS takes no "
+                        "transition to STANDARD_IA or ONEZONE_IA earlier), got %d"
+                        % (st.name, S3_IA_MIN_DAYS, lc["storage_class"], days["transition_days"]))
+                if len(days) == 2 and days["expire_days"] <= days["transition_days"]:
+                    add("storage '%s': lifecycle.expire_days must be later than lifecycle.transition_days (AWS expires "
+                        "objects only after their transition), got expire_days %d, transition_days %d"
+                        % (st.name, days["expire_days"], days["transition_days"]))
                 if "prefix" in lc and (not isinstance(lc["prefix"], str) or any(c in lc["prefix"] for c in "\n\r")):
                     add("storage '%s': lifecycle.prefix must be a string" % st.name)
+
+    def ebs_volumes(self) -> None:
+        """What CreateVolume takes of a tf-aws-ebs builder: no io1/io2 (they need provisioned IOPS,
+        which the builder has no input for: the provider refuses them at plan), and the size its
+        volume type allows."""
+        for b in self.t.storage_builders.values():
+            if b.type != "tf-aws-ebs":
+                continue
+            vtype = b.variables.volume_type or EBS_DEFAULT_TYPE
+            if vtype in EBS_PROVISIONED_IOPS:
+                self.add("storage builder", b.name, "variables.volume_type",
+                         "storage builder '%s': volume_type %s needs provisioned IOPS, which a tf-aws-ebs builder "
+                         "does not take: use gp3 (3000 IOPS included, up to 65536 GiB) or gp2" % (b.name, vtype))
+                continue
+            low, high = EBS_SIZES[vtype]
+            if not low <= b.size <= high:
+                self.add("storage builder", b.name, "size",
+                         "storage builder '%s': size %d GiB is outside what AWS takes for volume_type %s%s: %d to %d GiB"
+                         % (b.name, b.size, vtype, "" if b.variables.volume_type else " (the default)", low, high))
 
     def state_machine(self) -> None:
         t = self.t
@@ -824,6 +875,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.attach_rules()
     v.cardinality()
     v.lifecycles()
+    v.ebs_volumes()
     v.state_machine()
     v.destroy_rules()
     v.tree_name()
