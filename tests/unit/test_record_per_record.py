@@ -287,3 +287,19 @@ def test_a_subject_the_state_lost_is_recorded_gone_only_when_this_apply_destroye
         txn.save_record(LP, "n9", dict(_params(), launched=False))
     got = record.record_instance_root(ms, _instance_root("n9", decommission=True), _state(), "r7", deleted=[])
     assert got["n9"] == "decommission" and got["_unconfirmed"] == []
+
+
+def test_a_standing_machine_keeps_how_its_launch_script_mounted(tmp_path):
+    """A read-only mount (an EFS reached through its public access point) is recorded for a
+    machine whose launch script made it so: a standing machine launched before keeps its record
+    (its user data never changes), a new generation gets it."""
+    ms = _ms(tmp_path)
+    record.record_instance_root(ms, _instance_root("n0"), _state(n0="i-0"), "r1")
+    root = _instance_root("n0")
+    root["instances"]["n0"]["launch_params"]["mounts"][0]["read_only"] = True
+    record.record_instance_root(ms, root, _state(n0="i-0"), "r2")
+    assert "read_only" not in ms.load(LP)["instances"]["n0"]["mounts"][0]
+    record.record_instance_root(ms, root, _state(n0="i-1"), "r3")  # replaced: launched with the new script
+    assert ms.load(LP)["instances"]["n0"]["mounts"][0]["read_only"] is True
+    record.record_instance_root(ms, root, _state(n0="i-1"), "r4")
+    assert ms.load(LP)["instances"]["n0"]["mounts"][0]["read_only"] is True

@@ -340,7 +340,7 @@ def test_efs_adoption_and_networking(variations: Dict[str, Any]) -> None:
     adopted = f["efs-storage-generation-storage-adopted_efs.tf"]
     assert 'existing_file_system_id = "fs-0123456789abcdef0"' in adopted
     assert "transition_to_ia" not in adopted  # an adopted filesystem keeps its own lifecycle
-    assert "public_read               = true" in adopted
+    assert "public_read = true" in norm(adopted)
     shared = f["efs-storage-generation-storage-shared_efs.tf"]
     assert "existing_file_system_id" not in shared
     assert 'transition_to_ia      = "AFTER_30_DAYS"' in shared and 'transition_to_archive = "AFTER_90_DAYS"' in shared
@@ -348,6 +348,29 @@ def test_efs_adoption_and_networking(variations: Dict[str, Any]) -> None:
     assert 'mount_target_subnet_ids   = ["subnet-0123456789abcdef0", "subnet-0123456789abcdef2"]' in shared
     assert 'permissions = "2775"' in shared
     assert 'data "terraform_remote_state" "posix_groups"' in f["efs-storage-generation.tf"]
+
+
+def test_efs_mount_through_public_read_is_read_only(tmp_path: Any) -> None:
+    """An instance whose group is not one of a public_read EFS storage's groups reaches it through
+    the public access point (the filesystem's root) and mounts it read-only; a member mounts its
+    group's directory read-write."""
+    root = rt.copy_tree("variations", str(tmp_path))
+    path = os.path.join(root, "storages", "storages.yaml")
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    (adopted,) = [x for x in doc["storages"] if x["name"] == "adopted-efs"]
+    adopted["groups"] = ["sci"]  # declared1's image is of group ops: public read only
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(doc, fh)
+    p = by_builder(plans(root, "instance-image"))["tofu-vpc"]
+    assert "storage_adopted_efs.public_read_access_point_id" in p.files["tofu-vpc-instance-generation-instance-declared1.tf"]
+    (mnt,) = p.instances["declared1"]["launch_params"]["mounts"]
+    assert mnt["read_only"] is True
+    assert '"$EFS_ID:/ /adopted efs _netdev,tls,accesspoint=$EFS_AP,ro,nofail 0 0"' in p.files["user-data-declared1.sh.tftpl"]
+    # a member (deferred1, group ops, of shared-efs's groups): its group's access point, read-write
+    (shared,) = [x for x in p.instances["deferred1"]["launch_params"]["mounts"] if x["type"] == "efs"]
+    assert "read_only" not in shared
+    assert '"$EFS_ID:/ /shared efs _netdev,tls,accesspoint=$EFS_AP,nofail 0 0"' in p.files["user-data-deferred1.sh.tftpl"]
 
 
 def test_s3_arguments(variations: Dict[str, Any]) -> None:

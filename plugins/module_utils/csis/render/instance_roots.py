@@ -13,18 +13,10 @@ from .. import aws
 from ..config import models as m
 from ..state.aliases import AliasPool
 from .hcl import Block, Raw, comment_lines, document, string, value
-from .launch import (MARKER, compute_launch_params, follow_target, pending_replacement, pending_target, pinned_build,
-                     user_data_template)
+from .launch import (MARKER, compute_launch_params, efs_through_public, follow_target, pending_replacement, pending_target,
+                     pinned_build, user_data_template)
 from .plan import HEADER, PHASES, RootPlan, RootPlanner, list_literal, root_dir
 from .series_heads import head_ami
-
-
-def efs_through_public(st: m.Storage, group: Optional[str]) -> bool:
-    """Whether an instance of ``group`` mounts EFS storage ``st`` through its public access point
-    (the filesystem's root, read-only for others) rather than its group's (the directory
-    ``/<group>``, created with the group's gid and the storage's share_mode): a public_read
-    storage the group is not a member of."""
-    return bool(st.public_read) and (not group or group not in st.groups)
 
 
 class InstanceRoots(RootPlanner):

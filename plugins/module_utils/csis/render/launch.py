@@ -30,6 +30,14 @@ MUTABLE_KEYS = {"run", "user_data_sha256", "launched", "launched_run", "build", 
                 "hostname", "alias", "description", "region"}
 
 
+def efs_through_public(st: m.Storage, group: Optional[str]) -> bool:
+    """Whether an instance of ``group`` mounts EFS storage ``st`` through its public access point
+    (the filesystem's root, mounted read-only) rather than its group's (the directory ``/<group>``,
+    created with the group's gid and the storage's share_mode): a public_read storage the group is
+    not a member of. The instance roots choose the access point by it, the launch script the mount."""
+    return bool(st.public_read) and (not group or group not in st.groups)
+
+
 def generation_number(meta: Mapping[str, Any], name: str, ephemeral: bool, replacing: bool = False) -> int:
     """The generation the machine will be: the standing one, else the next of its counter."""
     rec = ((meta.get("instance-state.yaml") or {}).get("instances") or {}).get(name) or {}
@@ -107,6 +115,8 @@ def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
             device = recorded.get(st.name) or next((d for d in EBS_DEVICES if d not in taken), None)
             taken.add(device)
             entry["device"] = device  # None past /dev/xvdz: validation refuses so many (config/validate.py)
+        elif kind["capability"] == "efs" and efs_through_public(st, group):
+            entry["read_only"] = True  # through the public access point: mounted read-only
         mounts.append(entry)
     ephemeral = inst.ephemeral
     number = generation_number(meta, inst.name, ephemeral, replacing)
@@ -192,8 +202,8 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 "mkdir -p %s" % _q(mp),
                 'EFS_ID="${efs["%s"].file_system_id}"' % s,
                 'EFS_AP="${efs["%s"].access_point_id}"' % s,
-                "grep -qF %s /etc/fstab || echo \"$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,nofail 0 0\" >> /etc/fstab"
-                % (_q(" " + mp + " "), mp),
+                "grep -qF %s /etc/fstab || echo \"$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,%snofail 0 0\" >> /etc/fstab"
+                % (_q(" " + mp + " "), mp, "ro," if mnt.get("read_only") else ""),
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
             ]

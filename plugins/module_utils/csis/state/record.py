@@ -413,6 +413,12 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 # a standing machine ran the launch script it booted with: a newer one (another
                 # collection version's, a changed mount) never reaches it (ignore_changes on user_data)
                 params["user_data_sha256"] = prev["user_data_sha256"]
+            if not opened and prev.get("launched"):
+                # nor how that script mounted: a read-only mount is the record's only when its script made it so
+                was_ro = {x.get("storage") for x in prev.get("mounts") or [] if isinstance(x, dict) and x.get("read_only")}
+                for mnt in params.get("mounts") or []:
+                    if isinstance(mnt, dict) and mnt.get("storage") not in was_ro:
+                        mnt.pop("read_only", None)
             txn.save_record("launch-params.yaml", name, params)
             txn.save_record("instance-state.yaml", name, srec)
             storages |= mounted_storages(prev) | mounted_storages(params)
