@@ -18,7 +18,12 @@ description:
   - Joins the on-machine checks and the booted-image check into one verdict and appends it to
     C(meta-state/verifications.yaml) (the last 500 are kept).
   - >-
-    The post-bake part of the verdict (the C(test: <command>) checks) is also recorded under the build in
+    The verdict names the machine verified (C(instance_id), the instance id recorded for its standing generation)
+    and the build it is about (C(build)): the AMI EC2 reports the machine booted, which is what the checks ran on,
+    even when that is not the expected build (the booted-image check then fails); the expected build only when EC2
+    was not asked (O(check_booted_image=false)) or did not answer.
+  - >-
+    The post-bake part of the verdict (the C(test: <command>) checks) is also recorded under that build in
     C(meta-state/image-tests.yaml) (the last 20 per build), which the release grace of
     C(config.require_released_builds) reads.
   - >-
@@ -43,7 +48,10 @@ options:
     description: The runtime's name (recorded).
     type: str
   expected_build:
-    description: The AMI the machine must have booted; default its pin.
+    description: >-
+      The AMI the machine must have booted; default its pin. M(csis.infra.csis_render) gives it as C(verify.expected_build),
+      the pin of a standing machine the render replaces (a pending upgrade, or a follow whose series head moved: the new
+      build is what the next apply boots), else the build the render launches the machine on.
     type: str
   name_pattern:
     description: The image's name pattern, for a machine with no expected build.
@@ -85,7 +93,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 verdict:
-  description: The recorded verdict C({instance, runtime, build, run, ephemeral, time, ok, checks, evidence}); null when skipped.
+  description: >-
+    The recorded verdict C({instance, instance_id, runtime, build, run, ephemeral, time, ok, checks, evidence}); null
+    when skipped.
   returned: success
   type: dict
 ok:
@@ -114,7 +124,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.aws import root_ac
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import record_verification
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.verify import (
-    booted_image_check, combine, failure_message, skipped_as_stopped)
+    booted_image_check, combine, failure_message, skipped_as_stopped, verified_build)
 
 
 def _verify(module, p):
@@ -133,9 +143,11 @@ def _verify(module, p):
     if skipped:
         module.warn(skipped)
         return dict(changed=False, skipped=True, msg=skipped, message=skipped, ok=None, verdict=None, written=[])
+    # the verdict (and the post-bake result in image-tests.yaml) is about the AMI EC2 says the machine
+    # booted, not the one it was expected to boot: tests that ran on another build are no evidence of it
     verdict = combine(p["instance"], p["on_machine"], booted, runtime=p["runtime"],
-                      build=expected or (booted or {}).get("booted"), run=p["run_id"], ephemeral=p["ephemeral"],
-                      error=p["error"])
+                      build=verified_build(booted, expected), run=p["run_id"], ephemeral=p["ephemeral"],
+                      error=p["error"], instance_id=cur.get("instance_id"))
     written = []
     if p["record"] and not module.check_mode:
         try:

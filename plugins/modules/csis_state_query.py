@@ -111,6 +111,8 @@ recorded:
       description:
         - The record's HARD lines about storages or instances this query could not look up (an C(unavailable) line).
           They are kept, since only a query that sees the thing clears its line. Each C({kind, name, drift, detail}).
+        - A storage or instance with nothing to look up (its record holds no id any more, as after a forget; marked
+          C(nothing_to_look_up) in the report's C(reality)) is no failed lookup, and its line is not kept.
       type: list
       elements: dict
   version_added: 0.2.0

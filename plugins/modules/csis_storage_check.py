@@ -13,10 +13,10 @@ description:
   - Runs before a root is planned (the C(csis.infra.tofu_root) role). Of the root's storages, those meta-state
     records as existing (C(active), C(archived)) are looked up at their runtime's endpoint by their recorded ids,
     exactly as the state query (M(csis.infra.csis_state_query)) does, without its foreign scan.
-  - A storage that is gone (a volume deleted out of band, an endpoint reset) fails the module with the drift
-    report's C(missing ... [HARD]) line and what to do. Terraform would otherwise plan to create it again,
-    empty, and the record would silently take the new id. Correct the record first (the forget or state import
-    playbooks).
+  - A storage that is gone (a volume deleted out of band, or in state C(deleting) or C(deleted), an endpoint reset)
+    fails the module with the drift report's C(missing ... [HARD]) line and what to do. Terraform would otherwise
+    plan to create it again, empty, and the record would silently take the new id. Correct the record first (the
+    forget or state import playbooks).
   - A lookup that fails (endpoint down, permission refused) is returned in C(unavailable) and does not fail the
     module; the gate still refuses a create of a recorded storage (C(protect), for
     O(csis.infra.csis_gate_plan#module:refuse_create)).

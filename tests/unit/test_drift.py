@@ -438,13 +438,23 @@ def test_the_expectations_carry_an_ephemerals_last_verdict():
         "web": {"launched": True, "runtime": "rt"}}},
         "instance-state.yaml": {"instances": {"eph": {"current": {"instance_id": "i-e"}}}},
         "verifications.yaml": {"verifications": [
-            {"instance": "eph", "ok": True, "time": "t1", "checks": []},
-            {"instance": "eph", "ok": False, "time": "t2",
+            {"instance": "eph", "instance_id": "i-e", "ok": True, "time": "t1", "checks": []},
+            {"instance": "eph", "instance_id": "i-e", "ok": False, "time": "t2",
              "checks": [{"name": "startup scripts", "ok": False, "detail": "missing"}, {"name": "x", "ok": True}]}]}}
     got = expectations(Tree(), meta)["instances"]
     assert got["eph"]["ephemeral"] is True and got["web"]["ephemeral"] is False
     assert got["eph"]["verification"] == {"ok": False, "time": "t2", "failed": "startup scripts: missing"}
     assert got["web"]["verification"] == {}
+    # the standing machine is another generation than the one that failed (i-old, torn down), or the
+    # verdict names no machine (written before verdicts did): not this machine's verdict
+    for stale in ({"instance_id": "i-old"}, {}):
+        meta["verifications.yaml"] = {"verifications": [
+            dict({"instance": "eph", "ok": False, "time": "t3", "checks": [{"name": "x", "ok": False, "detail": "d"}]},
+                 **stale)]}
+        assert expectations(Tree(), meta)["instances"]["eph"]["verification"] == {}
+    # a machine whose instance id is not recorded: the name's last verdict, as nothing tells them apart
+    meta["instance-state.yaml"] = {"instances": {}}
+    assert expectations(Tree(), meta)["instances"]["eph"]["verification"]["time"] == "t3"
 
 
 def test_a_one_day_efs_transition_is_efs_own_name():
@@ -456,3 +466,136 @@ def test_a_one_day_efs_transition_is_efs_own_name():
                "lifecycle": {"TransitionToIA": "AFTER_1_DAY"}}
     r = d.classify(e, {"storages": {"fs": carried}, "instances": {}, "foreign": []})
     assert lines(r) == [], r["drift"]
+
+
+# --------------------------------------------------------------------------- a HARD line and its subject's lookup
+def test_a_hard_line_is_kept_while_its_lookup_fails_and_cleared_when_nothing_is_left_to_look_up(tmp_path):
+    """record_hard keeps a line only about what the query could not look up (an unavailable line),
+    never about a subject with nothing to look up: a storage whose record forget.yml dropped (still
+    declared, so still in the report) has no id any more, and keeping its line would refuse every
+    run for good (docs/drift.md, "Fixing a HARD line")."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+
+    root = str(tmp_path)
+    data, web = st("data", volume_id="vol-1"), inst("web", iid="i-web")
+    gone = d.classify(exps([data], [web]), {"storages": {"data": vol("vol-1", present=False)}, "foreign": [],
+                                            "instances": {"web": {"present": False, "id": "i-web"}}}, run="q1")
+    assert d.record_hard(root, gone)["changed"] is True
+    held = [{k: x[k] for k in ("kind", "name", "drift", "detail")} for x in gone["drift"]]
+    assert len(held) == 2
+    # the endpoint down: both lines kept (present null, an unavailable line each)
+    down = d.classify(exps([data], [web]), {"storages": {"data": {"error": "endpoint http://x unreachable: boom",
+                                                                  "what": "volume", "id": "vol-1"}},
+                                            "instances": {"web": {"error": "endpoint http://x unreachable: boom",
+                                                                  "id": "i-web"}}, "foreign": []}, run="q2")
+    assert sorted(down["unavailable"]) == ["instance web: endpoint http://x unreachable: boom",
+                                           "storage data: endpoint http://x unreachable: boom"]
+    out = d.record_hard(root, down)
+    assert out["changed"] is False and sorted(out["kept"], key=lambda x: x["kind"]) == sorted(held, key=lambda x: x["kind"])
+    # a runtime no longer declared cannot look it up either: kept
+    norun = d.classify(exps([data], []), {"storages": {"data": {"error": "no runtime to look it up in"}},
+                                          "instances": {}, "foreign": []}, run="q3")
+    assert d.record_hard(root, norun)["kept"] == [held[0]]
+    # forgotten: no record, no volume id; the instance's generation holds no id: nothing to look up
+    forgotten = d.classify(exps([st("data", rec=None)], [inst("web", iid=None)]),
+                           {"storages": {"data": {}}, "instances": {"web": {}}, "foreign": []}, run="q4")
+    assert forgotten["drift"] == [] and forgotten["unavailable"] == []
+    assert forgotten["reality"]["storages"]["data"]["present"] is None
+    assert forgotten["reality"]["storages"]["data"]["nothing_to_look_up"] is True
+    assert forgotten["reality"]["instances"]["web"]["nothing_to_look_up"] is True
+    out = d.record_hard(root, forgotten)
+    assert out["changed"] is True and out["kept"] == []
+    assert MetaState(root).load("drift.yaml")["hard"] == []
+    assert d.last_hard(root, MetaState(root).load("drift.yaml"))["messages"] == []
+    # a report not written by classify (no mark) with present null still keeps its line: never on a guess
+    d.record_hard(root, gone)
+    bare = {"storages": {"data": {"present": None}}, "instances": {}}
+    out = d.record_hard(root, {"run": "q5", "drift": [], "reality": bare})
+    assert out["kept"] == [held[0]]
+
+
+def test_forget_yml_clears_a_declared_storages_missing_line(tmp_path):
+    """The documented fix of a volume gone for good: forget.yml -e forget_storage=<name> -e force=true,
+    then the state query it runs; the storage stays declared, and the next real run must not be refused."""
+    from trees import copy_as_shipped
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import ops
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
+
+    root = copy_as_shipped(os.path.join(os.path.dirname(__file__), "..", "..", "examples"), str(tmp_path / "tree"))
+    with MetaState(root).transaction("seed") as txn:
+        txn.save("storage-state.yaml", {"storages": {"mnt_data": {"state": "active", "generation": 1, "history": [],
+                 "facts": {"builder": "aws-ebs", "type": "ebs", "volume_id": "vol-0aaaaaaaaaaaaaaaa"}}}})
+
+    def factory(service, access):
+        return FakeClient({"describe_volumes": FakeErr("InvalidVolume.NotFound"), "describe_snapshots": {"Snapshots": []},
+                           "describe_instances": {"Reservations": []}, "describe_file_systems": {"FileSystems": []},
+                           "list_buckets": {"Buckets": []}, "get_bucket_tagging": FakeErr("NoSuchBucket")})
+
+    first = d.query(root, run="q1", factory=factory)
+    assert d.hard_lines(first) and d.record_hard(root, first)["changed"] is True
+    assert ops.forget_storage(root, "mnt_data", run="f1", factory=factory, force=True)["checked"] == \
+        "volume vol-0aaaaaaaaaaaaaaaa is gone"
+    again = d.query(root, run="q2", factory=factory)
+    assert again["drift"] == [] and again["reality"]["storages"]["mnt_data"]["nothing_to_look_up"] is True
+    assert d.record_hard(root, again) == {"where": "meta-state/drift.yaml", "changed": True, "revision": 4, "kept": []}
+    assert d.last_hard(root, MetaState(root).load("drift.yaml"))["hard_drift"] == []
+
+
+# --------------------------------------------------------------------------- a volume or filesystem being deleted
+@pytest.mark.parametrize("state", ["deleting", "deleted"])
+def test_a_deleting_or_deleted_volume_or_filesystem_is_missing_hard_as_a_terminated_instance(state):
+    ep = Endpoint({"region": "r", "endpoints": {}}, lambda s, a: FakeClient({
+        "describe_volumes": {"Volumes": [{"VolumeId": "vol-1", "State": state, "Size": 1}]},
+        "describe_file_systems": {"FileSystems": [{"FileSystemId": "fs-1", "LifeCycleState": state}]},
+        "describe_instances": {"Reservations": [{"Instances": [{"State": {"Name": "terminated"}}]}]}}))
+    v, fs = lookups.lookup_volume(ep, "vol-1"), lookups.lookup_filesystem(ep, "fs-1", True)
+    assert v == {"present": False, "what": "volume", "id": "vol-1", "state": state}
+    assert fs == {"present": False, "what": "filesystem", "id": "fs-1", "state": state}
+    e = exps([st("data", volume_id="vol-1"), st("fs", stype="efs", file_system_id="fs-1")], [inst("m", iid="i-1")])
+    r = d.classify(e, {"storages": {"data": v, "fs": fs}, "instances": {"m": lookups.lookup_instance(ep, "i-1")},
+                       "foreign": []})
+    assert [d.drift_text(x) for x in r["drift"]] == [
+        "missing  storage  data: recorded active but volume vol-1 is %s [HARD]" % state,
+        "missing  storage  fs: recorded active but filesystem fs-1 is %s [HARD]" % state,
+        "missing  instance m: recorded launched but instance i-1 is terminated [HARD]"]
+    # a storage recorded destroyed whose volume is still being deleted is no leftover
+    r = d.classify(exps([st("data", rec="destroyed", volume_id="vol-1")]),
+                   {"storages": {"data": v}, "instances": {}, "foreign": []})
+    assert r["drift"] == []
+
+
+def test_the_foreign_scan_skips_volumes_and_filesystems_being_deleted():
+    def factory(service, access):
+        return FakeClient({
+            "describe_volumes": {"Volumes": [{"VolumeId": "vol-8", "State": "deleting", "Tags": []},
+                                             {"VolumeId": "vol-9", "State": "available", "Tags": []}]},
+            "describe_snapshots": {"Snapshots": []}, "describe_instances": {"Reservations": []},
+            "describe_file_systems": {"FileSystems": [
+                {"FileSystemId": "fs-8", "LifeCycleState": "deleted", "Tags": [{"Key": "csis_config", "Value": TAG}]},
+                {"FileSystemId": "fs-9", "LifeCycleState": "available", "Tags": [{"Key": "csis_config", "Value": TAG}]}]},
+            "list_buckets": {"Buckets": []}})
+
+    reality = lookups.observe(exps(), lambda rt: {"region": "r"}, factory)
+    assert [(f["what"], f["id"]) for f in reality["foreign"]] == [("volume", "vol-9"), ("filesystem", "fs-9")]
+
+
+def test_the_storage_check_before_a_plan_stops_on_a_volume_being_deleted(tmp_path):
+    """csis_storage_check classifies as the state query does: a recorded volume being deleted is
+    gone (HARD), so its root is not planned (terraform would create it again, empty)."""
+    import shutil
+
+    root = str(tmp_path / "tree")
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "examples"), root,
+                    ignore=shutil.ignore_patterns("generated", "meta-state", "state"))
+    os.makedirs(os.path.join(root, "meta-state"))
+    with open(os.path.join(root, "meta-state", "storage-state.yaml"), "w", encoding="utf-8") as fh:
+        fh.write("storages:\n"
+                 "  mnt_data: {state: active, facts: {builder: aws-ebs, type: ebs, volume_id: vol-going}}\n")
+
+    def factory(service, access):
+        return FakeClient({"describe_volumes": {"Volumes": [{"VolumeId": "vol-going", "State": "deleting"}]}})
+
+    res = d.check_recorded_storages(root, {"mnt_data": {"address": "module.storage_mnt_data", "type": "ebs"}},
+                                    factory=factory)
+    assert res["hard"] == ["missing  storage  mnt_data: recorded active but volume vol-going is deleting [HARD]"]
+    assert res["unavailable"] == []

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from .. import aws
 from ..config import models as m
 from ..state.aliases import AliasPool
+from ..state.verify import verdict_of
 from .hcl import Block, Raw, comment_lines, document, string, value
 from .launch import (MARKER, compute_launch_params, efs_through_public, follow_target, pending_replacement, pending_target,
                      pinned_build, user_data_template)
@@ -195,7 +196,7 @@ class InstanceRoots(RootPlanner):
                                     "; ephemeral" if inst.ephemeral else ""))
             plan.files["%s-%s-instance-%s.tf" % (ib.name, phase, lab)] = document(HEADER, head, mod)
             plan.files[tpl] = user_data_template(params)
-            info["verify"] = self.verify_spec(inst, params, ami)
+            info["verify"] = self.verify_spec(inst, params, ami, standing_replaced=bool(rec) and replacing)
             if inst.ephemeral:
                 info.update(self.ephemeral_policy(inst, rt, bool(rec)))
             plan.instances[inst.name] = info
@@ -262,8 +263,14 @@ class InstanceRoots(RootPlanner):
             plan.backend_file, plan.backend_type = bf, backend.type
         return plan
 
-    def verify_spec(self, inst: m.Instance, params: Mapping[str, Any], ami: Optional[str]) -> Dict[str, Any]:
-        """What csis_verify_instance checks on the machine, and what the booted image must be."""
+    def verify_spec(self, inst: m.Instance, params: Mapping[str, Any], ami: Optional[str],
+                    standing_replaced: bool = False) -> Dict[str, Any]:
+        """What csis_verify_instance checks on the machine, and what the booted image must be:
+        ``ami``, the build this render launches the machine on, except for a standing machine this
+        render replaces (a pending upgrade, or a follow whose series head moved:
+        ``standing_replaced``). That one boots its pin (the build recorded for its generation when
+        it has none) until an apply replaces it, and verify_instance.yml checks it as it stands: the
+        new build is what it will boot, not what it booted."""
         img = self.t.image_of(inst)
         mounts = []
         for mnt in params.get("mounts") or []:
@@ -278,23 +285,30 @@ class InstanceRoots(RootPlanner):
                 else:
                     spec["group_root"] = True  # the group's access point: its directory is the mount itself
             mounts.append(spec)
+        expected = ami
+        if standing_replaced:
+            expected = pinned_build(self.meta, inst.name) or self._current(inst.name).get("ami_id") or None
         return {"marker": MARKER, "mounts": mounts, "tests": list(img.tests.post_bake) if img else [],
-                "expected_build": ami, "name_pattern": img.name_pattern if img else None}
+                "expected_build": expected, "name_pattern": img.name_pattern if img else None}
+
+    def _current(self, name: str) -> Mapping[str, Any]:
+        """The open generation of instance ``name`` in ``instance-state.yaml`` (empty: none)."""
+        cur = (self.records("instance-state.yaml", "instances").get(name) or {}).get("current")
+        return cur if isinstance(cur, dict) else {}
 
     def ephemeral_policy(self, inst: m.Instance, rt: m.RuntimeBuilder, standing: bool) -> Dict[str, Any]:
         """on_failure / teardown_after (the instance's, else the runtime's), and whether a
         standing machine whose failed verdict is older than teardown_after is torn down
-        without re-verifying."""
+        without re-verifying. The verdict must be that machine's own (the instance id of its
+        generation, :func:`~..state.verify.verdict_of`): a failed verdict of an earlier
+        generation, or one naming no instance id, never tears down a machine nothing verified."""
         on_failure = inst.on_failure or rt.on_failure or "keep"
         after = inst.teardown_after or rt.teardown_after
         out: Dict[str, Any] = {"on_failure": on_failure, "teardown_after": after, "skip_verify": False}
         if not (standing and after):
             return out
-        last = None
-        for v in reversed(self.records_list("verifications.yaml", "verifications")):
-            if isinstance(v, dict) and v.get("instance") == inst.name:
-                last = v
-                break
+        last = verdict_of(self.records_list("verifications.yaml", "verifications"), inst.name,
+                          self._current(inst.name).get("instance_id"))
         if not last or last.get("ok"):
             return out
         try:

@@ -38,8 +38,12 @@ REPORT_NAME = "state-report.json"
 #: the meta-state file holding the last state query's HARD lines (store.py ``FILES``)
 DRIFT_FILE = "drift.yaml"
 DRIFTS = ("missing", "stale", "foreign", "changed")
-#: provider states in which a recorded active storage is healthy
+#: provider states in which a recorded active storage is healthy (a volume or filesystem
+#: ``deleting``/``deleted`` is not present at all: lookups.py ``GONE_STORAGE_STATES``, ``missing``)
 HEALTHY_STATES = ("available", "in-use", "active", "ready", "completed")
+#: the mark of a reality entry whose record holds no id to look it up by (nothing was asked): its
+#: ``present`` is null as an unavailable lookup's is, but a HARD line about it is not kept (:func:`_unseen`)
+NOTHING_TO_LOOK_UP = "nothing_to_look_up"
 #: instance states in which a launched instance is healthy
 RUNNING_STATES = ("pending", "running")
 
@@ -139,6 +143,8 @@ def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "")
         rec = exp.get("recorded_state")
         rep_st[name] = {"present": obs.get("present"), "type": exp["type"], "id": obs.get("id"),
                         "state": obs.get("state"), "size": obs.get("size"), "tags": obs.get("tags") or {}}
+        if name in obs_st and obs_st[name] == {}:
+            rep_st[name][NOTHING_TO_LOOK_UP] = True  # no id recorded (lookups.lookup_storage): nothing asked
         if "error" in obs:
             rep_st[name]["present"] = None
             unavailable.append("storage %s: %s" % (name, obs["error"]))
@@ -168,8 +174,10 @@ def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "")
                          "state_import" % (name, rec, what))
             continue
         if not obs.get("present"):
-            drift.append(_line("storage", name, "missing", "recorded %s but not found in reality (%s)"
-                               % (rec, _describe(obs)), hard=True))
+            # a volume or filesystem being deleted (or deleted) is gone, as a terminated instance is
+            detail = ("recorded %s but %s is %s" % (rec, _describe(obs), obs["state"]) if obs.get("state")
+                      else "recorded %s but not found in reality (%s)" % (rec, _describe(obs)))
+            drift.append(_line("storage", name, "missing", detail, hard=True))
             continue
         if obs.get("state") not in HEALTHY_STATES:
             drift.append(_line("storage", name, "stale", "recorded %s but %s is %s" % (rec, _describe(obs), obs.get("state"))))
@@ -185,6 +193,7 @@ def classify(exps: Mapping[str, Any], reality: Mapping[str, Any], run: str = "")
         rep_in[name] = {"present": obs.get("present"), "id": exp.get("instance_id"), "state": obs.get("state"),
                         "ami": obs.get("ami"), "private_ip": obs.get("private_ip")}
         if not exp.get("instance_id"):
+            rep_in[name][NOTHING_TO_LOOK_UP] = True
             notes.append("instance %s: recorded launched but instance-state.yaml holds no instance id to look it up by"
                          % name)
             continue
@@ -285,11 +294,19 @@ def _hard_of(report: Mapping[str, Any]) -> List[Dict[str, str]]:
 
 
 def _unseen(report: Mapping[str, Any]) -> set:
-    """``(kind, name)`` of what the query could not look up (``present`` null: an ``unavailable``
-    line): it cannot say whether a HARD line about them still holds."""
+    """``(kind, name)`` of what the query could not look up: its lookup failed (``present`` null,
+    an ``unavailable`` line), so the query cannot say whether a HARD line about it still holds.
+
+    Not a subject with nothing to look up (``present`` null too, but marked
+    :data:`NOTHING_TO_LOOK_UP`): its record holds no id any more (a storage forgotten, so
+    ``forget.yml`` clears its ``missing`` line; a launch record without an instance id), and no
+    lookup will ever see it, so keeping its line would refuse every run for good. A ``present``
+    null without the mark (a report not written by :func:`classify`) counts as unseen: a line is
+    never dropped on a guess."""
     reality = report.get("reality") or {}
     return {(kind, name) for kind, key in (("storage", "storages"), ("instance", "instances"))
-            for name, seen in (reality.get(key) or {}).items() if isinstance(seen, dict) and seen.get("present") is None}
+            for name, seen in (reality.get(key) or {}).items()
+            if isinstance(seen, dict) and seen.get("present") is None and seen.get(NOTHING_TO_LOOK_UP) is not True}
 
 
 def _stored(data: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping
 
 from ..config.models import archive_snapshot_name, bucket_for
+from .verify import verdict_of
 
 STORAGE_TYPES = ("ebs", "efs", "s3")
 
@@ -79,17 +80,20 @@ def expectations(tree: Any, meta: Mapping[str, Any]) -> Dict[str, Any]:
                         "recorded_ami": cur.get("ami_id"), "pin": pin_map.get(name),
                         "pending": pending.get(name) if name in pending else None,
                         "is_pending": name in pending, "ephemeral": lp.get("ephemeral") is True,
-                        "verification": _last_verdict(meta, name)}
+                        "verification": _last_verdict(meta, name, cur.get("instance_id"))}
     return {"tag": tag, "runtimes": sorted(tree.runtimes),
             "storages": out_st, "instances": out_in}
 
 
-def _last_verdict(meta: Mapping[str, Any], name: str) -> Dict[str, Any]:
-    """``{ok, time, failed}`` of the instance's last verification (``verifications.yaml``, when
-    the caller read it), ``failed`` naming the checks that failed; empty without one."""
-    for verdict in reversed((meta.get("verifications.yaml") or {}).get("verifications") or []):
-        if isinstance(verdict, dict) and verdict.get("instance") == name:
-            bad = ["%s: %s" % (c.get("name"), c.get("detail")) for c in verdict.get("checks") or []
-                   if isinstance(c, dict) and not c.get("ok")]
-            return {"ok": verdict.get("ok"), "time": verdict.get("time"), "failed": "; ".join(bad) or "no checks ran"}
-    return {}
+def _last_verdict(meta: Mapping[str, Any], name: str, instance_id: Any = None) -> Dict[str, Any]:
+    """``{ok, time, failed}`` of the last verification of the instance's standing machine
+    (``instance_id``; ``verifications.yaml``, when the caller read it: :func:`~.verify.verdict_of`,
+    so an earlier generation's verdict is not this machine's), ``failed`` naming the checks that
+    failed; empty without one."""
+    verdict = verdict_of((meta.get("verifications.yaml") or {}).get("verifications") or [], name,
+                         instance_id if isinstance(instance_id, str) else None)
+    if verdict is None:
+        return {}
+    bad = ["%s: %s" % (c.get("name"), c.get("detail")) for c in verdict.get("checks") or []
+           if isinstance(c, dict) and not c.get("ok")]
+    return {"ok": verdict.get("ok"), "time": verdict.get("time"), "failed": "; ".join(bad) or "no checks ran"}

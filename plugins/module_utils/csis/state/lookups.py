@@ -17,6 +17,9 @@ from ..aws import ABSENT_CODES, ClientFactory, Endpoint, Unreachable, error_code
 
 #: instance states that mean the machine is gone
 GONE_STATES = ("shutting-down", "terminated")
+#: volume and filesystem states that mean the storage is gone (EC2 ``State``, EFS ``LifeCycleState``):
+#: absent, as a terminated instance is, never merely unhealthy
+GONE_STORAGE_STATES = ("deleting", "deleted")
 #: S3 errors on a bucket of the foreign scan that only say "this bucket lives elsewhere"
 S3_ELSEWHERE = ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException", "301")
 
@@ -43,6 +46,8 @@ def lookup_volume(ep: Endpoint, vid: str) -> Dict[str, Any]:
     if instead is not None:
         return instead
     v = vols[0]
+    if v.get("State") in GONE_STORAGE_STATES:
+        return {"present": False, "what": "volume", "id": vid, "state": v.get("State")}
     return {"present": True, "what": "volume", "id": vid, "state": v.get("State"), "size": v.get("Size"),
             "availability_zone": v.get("AvailabilityZone"), "tags": resource_tags(v.get("Tags")),
             "attached_to": [a.get("InstanceId") for a in v.get("Attachments") or []]}
@@ -80,6 +85,8 @@ def lookup_filesystem(ep: Endpoint, fsid: str, want_lifecycle: bool) -> Dict[str
     if instead is not None:
         return instead
     fs = fss[0]
+    if fs.get("LifeCycleState") in GONE_STORAGE_STATES:
+        return {"present": False, "what": "filesystem", "id": fsid, "state": fs.get("LifeCycleState")}
     out: Dict[str, Any] = {"present": True, "what": "filesystem", "id": fsid, "state": fs.get("LifeCycleState"),
                            "tags": resource_tags(fs.get("Tags"))}
     if want_lifecycle:
@@ -189,7 +196,8 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
 
     def volumes() -> None:
         for v in paginate(ep, "ec2", "describe_volumes", "Volumes", "NextToken", "NextToken", Filters=flt):
-            found("volume", v["VolumeId"], v.get("State"), resource_tags(v.get("Tags")))
+            if v.get("State") not in GONE_STORAGE_STATES:  # going or gone, as a terminated instance
+                found("volume", v["VolumeId"], v.get("State"), resource_tags(v.get("Tags")))
 
     def snapshots() -> None:
         for s in paginate(ep, "ec2", "describe_snapshots", "Snapshots", "NextToken", "NextToken",
@@ -206,7 +214,7 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
     def filesystems() -> None:
         for fs in paginate(ep, "efs", "describe_file_systems", "FileSystems", "Marker", "NextMarker"):
             tags = resource_tags(fs.get("Tags"))
-            if tags.get("csis_config") == tag:
+            if tags.get("csis_config") == tag and fs.get("LifeCycleState") not in GONE_STORAGE_STATES:
                 found("filesystem", fs["FileSystemId"], fs.get("LifeCycleState"), tags)
 
     def buckets() -> None:

@@ -226,10 +226,21 @@ def skipped_as_stopped(instance: str, error: Optional[str], booted: Optional[Map
     return None
 
 
+def verified_build(booted: Optional[Mapping[str, Any]], expected: Optional[str]) -> Optional[str]:
+    """The build a verdict is about: the AMI EC2 reports the machine booted (``booted``,
+    :func:`booted_image_check`'s), which is what the on-machine checks and the post-bake tests ran
+    on; ``expected`` only when EC2 was not asked or did not answer. Never the build the machine
+    was expected to boot when EC2 says it booted another: a verdict of a machine that runs the old
+    build (a pending upgrade not applied yet) is no evidence about the new one."""
+    return (booted or {}).get("booted") or expected
+
+
 def combine(instance: str, on_machine: Optional[Mapping[str, Any]], booted: Optional[Mapping[str, Any]], *,
             runtime: Optional[str], build: Optional[str], run: Optional[str], ephemeral: bool,
-            error: Optional[str] = None) -> Dict[str, Any]:
-    """The record appended to ``verifications.yaml``."""
+            error: Optional[str] = None, instance_id: Optional[str] = None) -> Dict[str, Any]:
+    """The record appended to ``verifications.yaml``. ``build``: what the verdict is about
+    (:func:`verified_build`); ``instance_id``: the machine verified (the generation standing when
+    it ran; :func:`verdict_of` matches a verdict to a generation by it)."""
     checks: List[Dict[str, Any]] = []
     if error:
         checks.append(_check("reach the machine", False, error))
@@ -242,9 +253,22 @@ def combine(instance: str, on_machine: Optional[Mapping[str, Any]], booted: Opti
     if booted:
         checks.append({"name": booted["name"], "ok": bool(booted["ok"]), "detail": booted["detail"]})
     ok = bool(checks) and all(c["ok"] for c in checks)
-    return {"instance": instance, "runtime": runtime, "build": build, "run": run, "ephemeral": bool(ephemeral),
-            "time": now(), "ok": ok, "checks": checks,
+    return {"instance": instance, "instance_id": instance_id or (booted or {}).get("instance_id"), "runtime": runtime,
+            "build": build, "run": run, "ephemeral": bool(ephemeral), "time": now(), "ok": ok, "checks": checks,
             "evidence": evidence[:EVIDENCE_MAX]}
+
+
+def verdict_of(verdicts: Iterable[Any], instance: str, instance_id: Optional[str]) -> Optional[Mapping[str, Any]]:
+    """The last verdict of ``verdicts`` (``verifications.yaml``'s, oldest first) about the machine of
+    ``instance`` that is ``instance_id`` (its standing generation): a verdict of an earlier generation
+    (another instance id), or one that names no instance id (written before verdicts recorded it), is
+    not this machine's. Without ``instance_id`` (a generation whose id is not recorded) the last
+    verdict of the name counts, as nothing tells the generations apart. None: no verdict of it."""
+    for v in reversed(list(verdicts or [])):
+        if isinstance(v, Mapping) and v.get("instance") == instance:
+            if not instance_id or v.get("instance_id") == instance_id:
+                return v
+    return None
 
 
 def _machine_verdict(on_machine: Any) -> Tuple[List[Dict[str, Any]], List[Any]]:
