@@ -53,7 +53,8 @@ cascade:
   description:
     - C(environment), C(runtimes), C(ebs), C(phases) (each with C(phase), C(lifecycle), C(undeclare), C(storage_states),
       C(destroy_identity), C(destroys) (each C(<root key>) then the address) and C(steps) (the data steps)), C(lines) (the order as
-      printed), C(approved) (every destroy and every data step, such as an archive snapshot deleted or a bucket wiped), C(blocked) (the roots whose apply flag is off), C(approval_rules) (why the
+      printed), C(approved) (every destroy and every data step, such as an archive snapshot deleted or a bucket
+      wiped), C(blocked) (the roots whose apply flag is off), C(approval_rules) (why the
       tree's approval rules forbid a cascade that approves itself - C(approvals.distinct_approver), C(workspace.require_merge);
       empty when they allow it).
   returned: success
