@@ -158,6 +158,45 @@ def test_a_retried_call_is_answered_again_not_carried_out_twice(moto_endpoint):
     assert "the call NOT carried out twice" in log
 
 
+def test_a_root_device_mapping_without_size_launches_from_the_ami(moto_endpoint):
+    """An ``aws_instance`` with a ``root_block_device`` without ``volume_size`` (one that sets tags
+    only) makes the provider send a block device mapping for the AMI's root device with neither ``VolumeSize`` nor ``SnapshotId``.
+    AWS launches that volume from the AMI's snapshot at the AMI's size; moto 5.2 refused it
+    (``MissingParameter``). The endpoint's patch ``ec2-root-device-size-from-ami`` does as AWS does,
+    for a device the AMI maps only: a new device without size or snapshot is still refused."""
+    ec2 = moto_endpoint.client("ec2")
+    image = ec2.describe_images(ImageIds=[moto_endpoint.amis["imgfile-basic-pckr-ebs-ans-20261101"]])["Images"][0]
+    (ami_root,) = [m for m in image["BlockDeviceMappings"] if m["DeviceName"] == image["RootDeviceName"]]
+    launched = ec2.run_instances(
+        ImageId=image["ImageId"], MinCount=1, MaxCount=1, InstanceType="t3.micro",
+        SubnetId=moto_endpoint.subnet_ids["private-a"],
+        BlockDeviceMappings=[{"DeviceName": image["RootDeviceName"], "Ebs": {"DeleteOnTermination": True}}],
+    )["Instances"][0]
+    instance_id = launched["InstanceId"]
+    try:
+        assert launched["RootDeviceName"] == image["RootDeviceName"]
+        (root,) = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id", "Values": [instance_id]}])["Volumes"]
+        assert root["Attachments"][0]["Device"] == image["RootDeviceName"]
+        assert root["SnapshotId"] == ami_root["Ebs"]["SnapshotId"]
+        assert root["Size"] == ami_root["Ebs"]["VolumeSize"]
+        # the attachment as asked (the provider reads delete_on_termination back from it)
+        (mapping,) = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["BlockDeviceMappings"]
+        assert mapping["Ebs"]["DeleteOnTermination"] is True and mapping["Ebs"]["VolumeId"] == root["VolumeId"]
+        # and DescribeVolumes states it, as AWS does (ec2-volume-attachment-delete-on-termination): the
+        # drift report's foreign scan leaves an instance's own volume out by it
+        assert root["Attachments"][0]["DeleteOnTermination"] is True
+    finally:
+        ec2.terminate_instances(InstanceIds=[instance_id])
+    with pytest.raises(Exception, match="MissingParameter"):
+        ec2.run_instances(ImageId=image["ImageId"], MinCount=1, MaxCount=1, InstanceType="t3.micro",
+                          SubnetId=moto_endpoint.subnet_ids["private-a"],
+                          BlockDeviceMappings=[{"DeviceName": "/dev/sdx", "Ebs": {"DeleteOnTermination": True}}])
+    with open(os.path.join(moto_endpoint.state_dir, "server.log"), encoding="utf-8") as fh:
+        applied = [line for line in fh if line.startswith("local-aws: moto patches applied: ")]
+    assert applied and "ec2-root-device-size-from-ami" in applied[0], applied
+    assert "ec2-volume-attachment-delete-on-termination" in applied[0], applied
+
+
 def test_the_endpoint_writes_each_log_line_whole(monkeypatch):
     """The request threads share the server log: each ``local-aws:`` line is one write of the
     whole line (print() wrote the text and its newline apart, and lines ran into each other)."""

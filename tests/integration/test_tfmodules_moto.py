@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 from typing import Dict, List, Optional
 
@@ -400,6 +402,13 @@ def test_instance_with_volume(applied, moto_endpoint):
     assert base64.b64decode(attrs["UserData"]["Value"]).decode() == INSTANCE_USER_DATA
     vol = ec2.describe_volumes(VolumeIds=[applied["out"]["node_data"]["volume_id"]])["Volumes"][0]
     assert [(a["InstanceId"], a["Device"]) for a in vol["Attachments"]] == [(out["instance_id"], "/dev/xvdf")]
+    # the root volume carries the instance's tags (root_block_device); the attached data volume
+    # keeps its own (aws_storage_ebs's), and the fixture's second plan was empty (converged)
+    volumes = {a["Device"]: v for v in ec2.describe_volumes(Filters=[
+        {"Name": "attachment.instance-id", "Values": [out["instance_id"]]}])["Volumes"] for a in v["Attachments"]}
+    assert sorted(volumes) == [inst["RootDeviceName"], "/dev/xvdf"]
+    assert tags_of(volumes[inst["RootDeviceName"]].get("Tags")) == tags_of(inst["Tags"])
+    assert tags_of(volumes["/dev/xvdf"].get("Tags")) == {"Name": "tfm-node-data"}
 
     # user_data and ami are ignored after creation: a change plans nothing
     root.write("main.tf", applied["body"].replace(hcl(INSTANCE_USER_DATA), hcl(INSTANCE_USER_DATA + "# v2\n")))
@@ -407,6 +416,70 @@ def test_instance_with_volume(applied, moto_endpoint):
         root.assert_no_changes()
     finally:
         root.write("main.tf", applied["body"])
+
+
+def _module_without_root_block_device(text: str) -> str:
+    """tfmodules/aws_instance/main.tf as it was before the root volume carried the instance's
+    tags: the same text without its ``root_block_device`` block (and the comment above it)."""
+    old, n = re.subn(r"\n(?:  #[^\n]*\n)*  root_block_device \{\n(?:    [^\n]*\n)*  \}\n\n", "\n", text)
+    assert n == 1, "tfmodules/aws_instance/main.tf has no root_block_device block to take out"
+    return old
+
+
+def test_instance_root_volume_tags_upgrade_in_place(tmp_path, tf_env, moto_endpoint):
+    """An instance launched by the module before its root volume carried the instance's tags (the
+    upgrade of every existing deployment): the module with ``root_block_device { tags }`` plans an
+    update in place of the instance (the root volume's tags), no replacement, nothing destroyed;
+    applied, the root volume carries the instance's tags and the next plan is empty. With the
+    provider's default_tags, as csis.infra's roots have them (the inherited tags are in both)."""
+    module_dir = tmp_path / "aws_instance"
+    shutil.copytree(os.path.join(TFMODULES, "aws_instance"), str(module_dir))
+    with open(os.path.join(TFMODULES, "aws_instance", "main.tf"), encoding="utf-8") as fh:
+        new_main = fh.read()
+    (module_dir / "main.tf").write_text(_module_without_root_block_device(new_main), encoding="utf-8")
+    inherited = {"BillingCode": "CSIS-0001", "Owner": "coastal-ops"}
+    own = dict(inherited, **{"csis:instance": "upgrade-1"})
+    root = Root(tmp_path / "root", dict(tf_env, **endpoint_env(moto_endpoint.url)))
+    root.write("providers.tf", provider_block(moto_endpoint.url).replace(
+        "}\n", "  default_tags {\n    tags = %s\n  }\n}\n" % hcl(inherited)))
+    root.write("main.tf", module_block("node", "aws_instance", {
+        "name": "tfm-upgrade-1", "ami_name_pattern": "imgfile-basic-pckr-ebs-ans-*",
+        "subnet_id": moto_endpoint.subnet_ids["private-b"], "tags": own,
+    }).replace(hcl(os.path.join(TFMODULES, "aws_instance")), hcl(str(module_dir))) + outputs_block("node", ["instance_id"]))
+    instance_id = root.apply_and_converge()["instance_id"]
+    ec2 = moto_endpoint.client("ec2")
+
+    def root_volume_tags() -> Dict[str, str]:
+        inst = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+        (vol,) = [v for v in ec2.describe_volumes(Filters=[
+            {"Name": "attachment.instance-id", "Values": [instance_id]}])["Volumes"]
+            if v["Attachments"][0]["Device"] == inst["RootDeviceName"]]
+        return tags_of(vol.get("Tags"))
+
+    instance_tags = dict(own, Name="tfm-upgrade-1")
+    assert root_volume_tags() != instance_tags, "the old module left the root volume without the instance's tags"
+
+    (module_dir / "main.tf").write_text(new_main, encoding="utf-8")
+    root.tf("plan", "-input=false", "-no-color", "-out=upgrade.tfplan")
+    shown = json.loads(root.tf("show", "-json", "upgrade.tfplan").stdout)
+    changes = {rc["address"]: rc["change"] for rc in shown["resource_changes"] if rc["change"]["actions"] != ["no-op"]}
+    assert list(changes) == ["module.node.aws_instance.this"], list(changes)
+    change = changes["module.node.aws_instance.this"]
+    assert change["actions"] == ["update"], change["actions"]
+    assert not change.get("replace_paths"), change.get("replace_paths")
+    changed = sorted(k for k in set(change["before"]) | set(change["after"])
+                     if change["before"].get(k) != change["after"].get(k) and k not in change.get("after_unknown", {}))
+    assert changed == ["root_block_device"], changed
+    (before,), (after,) = change["before"]["root_block_device"], change["after"]["root_block_device"]
+    assert after["tags"] == instance_tags
+    assert {k: v for k, v in before.items() if k not in ("tags", "tags_all")} == \
+        {k: v for k, v in after.items() if k not in ("tags", "tags_all")}
+
+    root.tf("apply", "-auto-approve", "-input=false", "-no-color", "upgrade.tfplan")
+    root.assert_no_changes()
+    assert root_volume_tags() == instance_tags
+    inst = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+    assert inst["State"]["Name"] == "running" and tags_of(inst["Tags"]) == instance_tags
 
 
 # -- S3 backend with lock file, and remote state between roots -------------------------

@@ -569,6 +569,68 @@ def apply_moto_patches() -> List[str]:
         instance_init._csis_patched = True  # type: ignore[attr-defined]
         Instance.__init__ = instance_init  # type: ignore[method-assign]
         applied.append("ec2-instance-groups-from-eni")
+
+    try:
+        import inspect
+
+        from moto.ec2.responses.instances import InstanceResponse
+    except ImportError:  # pragma: no cover
+        return applied
+    parse = InstanceResponse.__dict__.get("_parse_block_device_mapping")
+    validate = InstanceResponse.__dict__.get("_validate_block_device_mapping")
+    try:
+        refuses = isinstance(validate, staticmethod) and \
+            'MissingParameterError("size or snapshotId")' in inspect.getsource(validate.__func__)
+    except (OSError, TypeError):  # pragma: no cover - no source to check
+        refuses = False
+    if callable(parse) and refuses and not getattr(parse, "_csis_patched", False):
+
+        def parse_block_device_mapping(self: Any) -> List[Dict[str, Any]]:
+            # RunInstances with a block device mapping for a device the AMI maps (its root
+            # device: what terraform-provider-aws sends for a root_block_device block that sets
+            # no volume_size, e.g. one with tags only) and neither Ebs.VolumeSize nor
+            # Ebs.SnapshotId: AWS launches that volume from the AMI's snapshot, at the AMI's
+            # size. moto 5.2 refuses it ("MissingParameter: The request must contain the
+            # parameter size or snapshotId"). Take the snapshot and the size from the AMI's
+            # mapping of that device (8 GiB, moto's default root, when it states none), in the
+            # request's own parameters, before moto reads them.
+            mappings = self._get_param("BlockDeviceMappings", []) or []
+            image_id = self._get_param("ImageId")
+            images = self.ec2_backend.describe_images(filters={"image-id": image_id}) if image_id else []
+            from_ami = {m.get("DeviceName"): m.get("Ebs") or {}
+                        for image in images[:1] for m in image.block_device_mappings}
+            for mapping in mappings:
+                ebs = mapping.get("Ebs") if isinstance(mapping, dict) else None
+                if not isinstance(ebs, dict) or "NoDevice" in mapping or \
+                        ebs.get("VolumeSize") or ebs.get("SnapshotId") or mapping.get("DeviceName") not in from_ami:
+                    continue
+                ami_ebs = from_ami[mapping["DeviceName"]]
+                if ami_ebs.get("SnapshotId"):
+                    ebs["SnapshotId"] = ami_ebs["SnapshotId"]
+                ebs["VolumeSize"] = ami_ebs.get("VolumeSize") or 8
+            return parse(self)
+
+        parse_block_device_mapping._csis_patched = True  # type: ignore[attr-defined]
+        InstanceResponse._parse_block_device_mapping = parse_block_device_mapping  # type: ignore[method-assign]
+        applied.append("ec2-root-device-size-from-ami")
+
+    try:
+        from moto.ec2.models.elastic_block_store import VolumeAttachment
+    except ImportError:  # pragma: no cover
+        return applied
+    if "delete_on_termination" not in VolumeAttachment.__dict__:
+
+        def delete_on_termination(self: Any) -> bool:
+            # DescribeVolumes: AWS states each attachment's DeleteOnTermination (true for an
+            # instance's root volume, false for a volume attached later, unless changed); moto
+            # 5.2 leaves it out, though it keeps it in the instance's block device mapping. The
+            # drift report's foreign scan tells an instance's own volume (its root volume, which
+            # carries its tags) from a storage's by it.
+            mapping = getattr(self.instance, "block_device_mapping", {}).get(self.device)
+            return bool(getattr(mapping, "delete_on_termination", False))
+
+        VolumeAttachment.delete_on_termination = property(delete_on_termination)  # type: ignore[attr-defined]
+        applied.append("ec2-volume-attachment-delete-on-termination")
     return applied
 
 

@@ -564,11 +564,17 @@ def test_a_deleting_or_deleted_volume_or_filesystem_is_missing_hard_as_a_termina
     assert r["drift"] == []
 
 
-def test_the_foreign_scan_skips_volumes_and_filesystems_being_deleted():
+def test_the_foreign_scan_skips_volumes_being_deleted_and_instances_own_volumes():
     def factory(service, access):
         return FakeClient({
             "describe_volumes": {"Volumes": [{"VolumeId": "vol-8", "State": "deleting", "Tags": []},
-                                             {"VolumeId": "vol-9", "State": "available", "Tags": []}]},
+                                             {"VolumeId": "vol-9", "State": "available", "Tags": []},
+                                             # an instance's root volume (deleted with it, its tags): no storage
+                                             {"VolumeId": "vol-7", "State": "in-use", "Tags": [],
+                                              "Attachments": [{"InstanceId": "i-1", "DeleteOnTermination": True}]},
+                                             # a data volume attached by a storage root: still scanned
+                                             {"VolumeId": "vol-6", "State": "in-use", "Tags": [],
+                                              "Attachments": [{"InstanceId": "i-1", "DeleteOnTermination": False}]}]},
             "describe_snapshots": {"Snapshots": []}, "describe_instances": {"Reservations": []},
             "describe_file_systems": {"FileSystems": [
                 {"FileSystemId": "fs-8", "LifeCycleState": "deleted", "Tags": [{"Key": "csis_config", "Value": TAG}]},
@@ -576,7 +582,8 @@ def test_the_foreign_scan_skips_volumes_and_filesystems_being_deleted():
             "list_buckets": {"Buckets": []}})
 
     reality = lookups.observe(exps(), lambda rt: {"region": "r"}, factory)
-    assert [(f["what"], f["id"]) for f in reality["foreign"]] == [("volume", "vol-9"), ("filesystem", "fs-9")]
+    assert [(f["what"], f["id"]) for f in reality["foreign"]] == [("volume", "vol-9"), ("volume", "vol-6"),
+                                                                  ("filesystem", "fs-9")]
 
 
 def test_the_storage_check_before_a_plan_stops_on_a_volume_being_deleted(tmp_path):

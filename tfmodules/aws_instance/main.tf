@@ -41,6 +41,15 @@ resource "aws_instance" "this" {
     http_tokens   = var.metadata_http_tokens
   }
 
+  # The root volume carries the instance's tags (otherwise only the provider's default_tags).
+  # Tags only, so an instance launched without this block updates in place (the tags of its
+  # root volume): encrypted or kms_key_id here would replace every such instance, volume_size
+  # or volume_type would modify its root volume; volume_tags (every volume of the instance,
+  # the attached aws_ebs_volume ones too) would fight those volumes' own tags.
+  root_block_device {
+    tags = local.tags
+  }
+
   tags = local.tags
 
   lifecycle {

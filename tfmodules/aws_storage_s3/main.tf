@@ -14,7 +14,9 @@ resource "aws_s3_object" "group_prefix" {
   key     = "${each.value}/"
   content = ""
 
-  tags = merge({ Name = "${each.value}/" }, var.tags, { "csis:group" = each.value })
+  # S3 takes at most 10 tags on an object, and the provider's default_tags come on top: a marker
+  # object carries its own two only (an object's tags allocate no cost; its bucket's do)
+  tags = { Name = "${each.value}/", "csis:group" = each.value }
 }
 
 data "aws_iam_policy_document" "public_read" {

@@ -40,6 +40,9 @@ EBS_DEFAULT_TYPE = "gp3"
 #: EBS volume types that need provisioned IOPS, which the builder has no input for
 EBS_PROVISIONED_IOPS = ("io1", "io2")
 
+#: the most tags S3 takes on an object
+S3_OBJECT_TAGS_MAX = 10
+
 #: legal (current -> requested) storage transitions; None = never applied
 LEGAL_TRANSITIONS: Set[Tuple[Optional[str], str]] = {
     (None, "active"),
@@ -459,6 +462,27 @@ class Validation:
                          "storage builder '%s': size %d GiB is outside what AWS takes for volume_type %s%s: %d to %d GiB"
                          % (b.name, b.size, vtype, "" if b.variables.volume_type else " (the default)", low, high))
 
+    def s3_group_objects(self) -> None:
+        """S3 takes at most 10 tags on an object: the ``<group>/`` object of an S3 storage with groups
+        carries its own two (``Name``, ``csis:group``) and, through the provider's default_tags, every
+        tag its runtime inherits (config/hierarchy.py ``runtime_tags``)."""
+        t = self.t
+        for st in t.storages.values():
+            b = t.storage_builder_for(st)
+            if b is None or b.type != "tf-aws-s3" or not st.groups or st.state != "active":
+                continue
+            rt = t.builder_runtime(b)
+            if rt is None:
+                continue
+            keys = set(hierarchy.runtime_tags(t, rt)) | {"Name", "csis:group"}
+            if len(keys) > S3_OBJECT_TAGS_MAX:
+                self.add("storage", st.name, "groups",
+                         "storage '%s': its group objects (one <group>/ object per group) would carry %d tags: Name, "
+                         "csis:group and the %d tags runtime '%s' inherits (its environment chain's and its own, which the "
+                         "provider puts on every resource); S3 takes at most %d on an object: drop some of those tags, "
+                         "or the storage's groups" % (st.name, len(keys), len(keys - {"Name", "csis:group"}), rt.name,
+                                                      S3_OBJECT_TAGS_MAX))
+
     def state_machine(self) -> None:
         t = self.t
         if self.meta.get("storage-state.yaml") is None or self.meta.get("launch-params.yaml") is None:
@@ -876,6 +900,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.cardinality()
     v.lifecycles()
     v.ebs_volumes()
+    v.s3_group_objects()
     v.state_machine()
     v.destroy_rules()
     v.tree_name()

@@ -33,10 +33,20 @@ FILES = {
         '| `user_data` | `""` | plain text; empty -> null |\n'
         '| `ebs_volumes` | `{}` | `key -> {volume_id, device_name}`, one `aws_volume_attachment.this[key]` each |\n'
         '| `metadata_http_tokens` | `"required"` | IMDSv2 only by default |\n'
-        '| `tags` | `{}` | merged after `Name` |\n'
+        "| `tags` | `{}` | merged after `Name`; the instance's and its root volume's tags |\n"
         '\n'
         'Outputs: `instance_id`, `private_ip`, `ami_id` (the AMI the instance runs),\n'
         '`desired_ami_id` (what the module would launch now), `availability_zone`.\n'
+        '\n'
+        '## The root volume\n'
+        '\n'
+        "`root_block_device { tags = <the instance's tags> }`: the root volume carries `Name` and\n"
+        "`tags`, as the instance does (and the provider's `default_tags`, as every resource). Nothing\n"
+        'else of the root volume is set: size, type and encryption stay what the AMI (and the\n'
+        "account's EBS defaults) give it. An instance launched by the module before this block plans\n"
+        'an update in place (the tags of its root volume), never a replacement. `volume_tags` is not\n'
+        'used: it would tag every volume of the instance, the `ebs_volumes` attached here too, whose\n'
+        'own tags their storage roots manage.\n'
         '\n'
         '## Changes that do not reach a running instance\n'
         '\n'
@@ -95,6 +105,15 @@ FILES = {
         '  metadata_options {\n'
         '    http_endpoint = "enabled"\n'
         '    http_tokens   = var.metadata_http_tokens\n'
+        '  }\n'
+        '\n'
+        "  # The root volume carries the instance's tags (otherwise only the provider's default_tags).\n"
+        '  # Tags only, so an instance launched without this block updates in place (the tags of its\n'
+        '  # root volume): encrypted or kms_key_id here would replace every such instance, volume_size\n'
+        '  # or volume_type would modify its root volume; volume_tags (every volume of the instance,\n'
+        "  # the attached aws_ebs_volume ones too) would fight those volumes' own tags.\n"
+        '  root_block_device {\n'
+        '    tags = local.tags\n'
         '  }\n'
         '\n'
         '  tags = local.tags\n'
@@ -766,7 +785,8 @@ FILES = {
         '|---|---|---|\n'
         '| `bucket_name` | required | also the Name tag |\n'
         '| `force_destroy` | `false` | |\n'
-        '| `group_prefixes` | `[]` | an empty object `<group>/` per group (tag `csis:group`) |\n'
+        '| `group_prefixes` | `[]` | an empty object `<group>/` per group, tagged `Name` and `csis:group` only (S3 take'
+        "s at most 10 tags on an object, the provider's `default_tags` included; `tags` go on the bucket) |\n"
         '| `public_read` | `false` | bucket policy `AccountWideReadOnly`: `s3:GetObject`, `s3:ListBucket` for principal'
         ' `*` conditioned on `aws:PrincipalAccount` = this account |\n'
         '| `lifecycle_rules` | `[]` | `{id, prefix, transition_days, storage_class, expire_days}`; transition only when'
@@ -796,7 +816,9 @@ FILES = {
         '  key     = "${each.value}/"\n'
         '  content = ""\n'
         '\n'
-        '  tags = merge({ Name = "${each.value}/" }, var.tags, { "csis:group" = each.value })\n'
+        "  # S3 takes at most 10 tags on an object, and the provider's default_tags come on top: a marker\n"
+        "  # object carries its own two only (an object's tags allocate no cost; its bucket's do)\n"
+        '  tags = { Name = "${each.value}/", "csis:group" = each.value }\n'
         '}\n'
         '\n'
         'data "aws_iam_policy_document" "public_read" {\n'

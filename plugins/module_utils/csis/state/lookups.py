@@ -196,8 +196,11 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
 
     def volumes() -> None:
         for v in paginate(ep, "ec2", "describe_volumes", "Volumes", "NextToken", "NextToken", Filters=flt):
-            if v.get("State") not in GONE_STORAGE_STATES:  # going or gone, as a terminated instance
-                found("volume", v["VolumeId"], v.get("State"), resource_tags(v.get("Tags")))
+            if v.get("State") in GONE_STORAGE_STATES:  # going or gone, as a terminated instance
+                continue
+            if any(a.get("DeleteOnTermination") for a in v.get("Attachments") or []):
+                continue  # an instance's own volume (its root volume, which carries its tags): the instance's, no storage
+            found("volume", v["VolumeId"], v.get("State"), resource_tags(v.get("Tags")))
 
     def snapshots() -> None:
         for s in paginate(ep, "ec2", "describe_snapshots", "Snapshots", "NextToken", "NextToken",
