@@ -196,6 +196,15 @@ def test_live_holders_matches_the_same_state_only(tmp_path, monkeypatch):
     assert not sl._same_state(sl.backend_of(root), sl.backend_of(str(other)))
     assert os.getpid()  # live_holders scans /proc: no terraform of ours runs on this state
     assert sl.live_holders(sl.backend_of(root)) == []
+    # the same bucket and key through two S3 endpoints that name themselves are two states (a local
+    # endpoint's bucket beside AWS's); when either names none, they may be one
+    same = {"type": "s3", "workspace": "default", "config": {"bucket": "b", "key": "k"}}
+
+    def at(url, key="endpoints"):
+        return dict(same, config=dict(same["config"], **({key: {"s3": url}} if key == "endpoints" else {key: url})))
+    assert not sl._same_state(at("http://127.0.0.1:5000"), at("http://127.0.0.1:5001"))
+    assert sl._same_state(at("http://127.0.0.1:5000"), at("http://127.0.0.1:5000/", key="endpoint"))
+    assert sl._same_state(at("http://127.0.0.1:5000"), same) and sl._same_state(same, same)
 
 
 def test_live_holders_finds_a_terraform_process_on_the_same_state(tmp_path):

@@ -99,10 +99,23 @@ def read_lock(backend: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     return info
 
 
+def _s3_endpoint(config: Mapping[str, Any]) -> Optional[str]:
+    """The S3 endpoint a backend configuration names (``endpoints.s3``, or the older ``endpoint``),
+    None when it names none (AWS's, or one from the environment: not told apart here)."""
+    endpoints = config.get("endpoints")
+    url = (endpoints.get("s3") if isinstance(endpoints, Mapping) else None) or config.get("endpoint")
+    return str(url).rstrip("/") if url else None
+
+
 def _same_state(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two backends hold one state: the same bucket, key and workspace, and not two S3
+    endpoints that both name themselves and differ (a local endpoint's bucket of the same name is
+    another state; when either names none, they may be the same, which is what counts)."""
     ca, cb = a.get("config") or {}, b.get("config") or {}
+    ea, eb = _s3_endpoint(ca), _s3_endpoint(cb)
     return (a.get("type") == b.get("type") and ca.get("bucket") == cb.get("bucket")
-            and ca.get("key") == cb.get("key") and a.get("workspace") == b.get("workspace"))
+            and ca.get("key") == cb.get("key") and a.get("workspace") == b.get("workspace")
+            and (ea is None or eb is None or ea == eb))
 
 
 #: subcommands that never take the state lock (``state``/``workspace``: with these second words)
