@@ -197,6 +197,9 @@ def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
     out = text(res)
     assert "replacing module.instance_test2.aws_instance.this" in out
     assert "module.instance_test2.aws_volume_attachment.this" in out  # whitelisted by the replacement
+    # the machine was stopped before the apply detached its volume (no DetachVolume under a mounted filesystem)
+    assert re.search(r"Stop the machines whose volumes the apply detaches as it destroys them\] \*+\n(?:[^\n]*\n)?"
+                     r"changed: \[csis-instance-image-open-tofu\]", res.stdout), tail(res)
     # a follow moves a pin, binds none: the render already named the new AMI, so the root is not rendered again
     assert re.search(r"Render the root again, naming the AMI its launch pinned\] \*+\n(?:[^\n]*\n)?skipping: ",
                      res.stdout), tail(res)

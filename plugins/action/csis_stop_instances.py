@@ -1,0 +1,13 @@
+# -*- coding: utf-8 -*-
+# Copyright: csis.infra contributors
+# Apache License 2.0 (see LICENSE)
+"""Action plugin of csis.infra.csis_stop_instances: the module runs in the controller's worker process,
+with no module process of its own (plugins/plugin_utils/controller.py)."""
+from __future__ import annotations
+
+from ansible_collections.csis.infra.plugins.plugin_utils.controller import ControllerAction
+
+
+class ActionModule(ControllerAction):
+    MODULE = "csis_stop_instances"
+    AWS_SERVICES = ("ec2",)
