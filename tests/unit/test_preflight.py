@@ -328,7 +328,8 @@ def test_a_failed_record_names_what_was_applied_and_that_a_re_run_records_it(tmp
                           "create the directory"), msg
     assert msg.endswith("Nothing applied is lost: once meta-state can be written again, run the same playbook "
                         "again; its plan shows no change for what was applied and its record step records what "
-                        "the state holds.")
+                        "the state holds (what this apply destroyed excepted: that run names each such storage or "
+                        "machine, and playbooks/forget.yml with force=true, which looks it up first, records it).")
     with pytest.raises(record.RecordError, match=r"^storage-aws-ebs: recording what terraform state holds "
                                                  r"\(storage mnt_data: not in the state\) in meta-state failed"):
         record.record_root(root, STORAGE_ROOT, "r1", state={"resources": []})

@@ -282,6 +282,11 @@ def test_a_subject_the_state_lost_is_recorded_gone_only_when_this_apply_destroye
     got = record.record_instance_root(ms, _instance_root("n1", decommission=True), _state(), "r6",
                                       deleted=["module.inst_n1.aws_instance.this"])
     assert got["n1"] == "decommission" and got["_unconfirmed"] == []
+    # an ephemeral machine's module has a count: the teardown destroys module.<name>[0]...
+    got = record.record_instance_root(ms, _instance_root("n2", ephemeral=True), _state(), "r6b",
+                                      deleted=["module.inst_n2[0].aws_volume_attachment.this[\"data\"]",
+                                               "module.inst_n2[0].aws_instance.this"])
+    assert got["n2"] == "ephemeral" and got["_unconfirmed"] == []
     # a launch record of a machine that never launched: closed without an apply
     with ms.transaction("seed") as txn:
         txn.save_record(LP, "n9", dict(_params(), launched=False))
@@ -302,4 +307,8 @@ def test_a_standing_machine_keeps_how_its_launch_script_mounted(tmp_path):
     record.record_instance_root(ms, root, _state(n0="i-1"), "r3")  # replaced: launched with the new script
     assert ms.load(LP)["instances"]["n0"]["mounts"][0]["read_only"] is True
     record.record_instance_root(ms, root, _state(n0="i-1"), "r4")
+    assert ms.load(LP)["instances"]["n0"]["mounts"][0]["read_only"] is True
+    # its group joined the storage's since: the render says read-write, the machine still mounts it ro
+    root["instances"]["n0"]["launch_params"]["mounts"][0].pop("read_only")
+    record.record_instance_root(ms, root, _state(n0="i-1"), "r5")
     assert ms.load(LP)["instances"]["n0"]["mounts"][0]["read_only"] is True

@@ -417,7 +417,9 @@ def record_instance_root(ms: MetaState, root: Mapping[str, Any], state: Mapping[
                 # nor how that script mounted: a read-only mount is the record's only when its script made it so
                 was_ro = {x.get("storage") for x in prev.get("mounts") or [] if isinstance(x, dict) and x.get("read_only")}
                 for mnt in params.get("mounts") or []:
-                    if isinstance(mnt, dict) and mnt.get("storage") not in was_ro:
+                    if isinstance(mnt, dict) and mnt.get("storage") in was_ro:
+                        mnt["read_only"] = True
+                    elif isinstance(mnt, dict):
                         mnt.pop("read_only", None)
             txn.save_record("launch-params.yaml", name, params)
             txn.save_record("instance-state.yaml", name, srec)
@@ -463,7 +465,8 @@ def record_failed_message(root: Mapping[str, Any], state: Mapping[str, Any], exc
         head = "%s: recording what terraform state holds (%s) in meta-state failed" % (key, holds)
     return ("%s: %s. Nothing applied is lost: once meta-state can be written again, run the same playbook "
             "again; its plan shows no change for what was applied and its record step records what the state "
-            "holds." % (head, exc))
+            "holds (what this apply destroyed excepted: that run names each such storage or machine, and "
+            "playbooks/forget.yml with force=true, which looks it up first, records it)." % (head, exc))
 
 
 def record_root(config_root: str, root: Mapping[str, Any], run: str,
