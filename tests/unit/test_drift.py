@@ -336,8 +336,8 @@ def test_expectations_from_the_example_tree_and_hand_made_records():
     assert e["instances"]["test2"]["instance_id"] == "i-1" and e["instances"]["test2"]["pin"] == "ami-1"
 
 
-def test_check_recorded_storages_missing_is_hard_and_protects_the_active_ones(tmp_path):
-    """Issue 16: before a root is planned, its storages recorded as existing are looked up by id."""
+def _examples_with_mnt_data(tmp_path, volume_id):
+    """A copy of examples/ whose meta-state records only storage mnt_data, active on ``volume_id``."""
     import shutil
 
     root = str(tmp_path / "tree")
@@ -346,7 +346,13 @@ def test_check_recorded_storages_missing_is_hard_and_protects_the_active_ones(tm
     os.makedirs(os.path.join(root, "meta-state"))
     with open(os.path.join(root, "meta-state", "storage-state.yaml"), "w", encoding="utf-8") as fh:
         fh.write("storages:\n"
-                 "  mnt_data: {state: active, facts: {builder: aws-ebs, type: ebs, volume_id: vol-gone}}\n")
+                 "  mnt_data: {state: active, facts: {builder: aws-ebs, type: ebs, volume_id: %s}}\n" % volume_id)
+    return root
+
+
+def test_check_recorded_storages_missing_is_hard_and_protects_the_active_ones(tmp_path):
+    """Issue 16: before a root is planned, its storages recorded as existing are looked up by id."""
+    root = _examples_with_mnt_data(tmp_path, "vol-gone")
     asked = []
 
     def factory(service, access):
@@ -589,15 +595,7 @@ def test_the_foreign_scan_skips_volumes_being_deleted_and_instances_own_volumes(
 def test_the_storage_check_before_a_plan_stops_on_a_volume_being_deleted(tmp_path):
     """csis_storage_check classifies as the state query does: a recorded volume being deleted is
     gone (HARD), so its root is not planned (terraform would create it again, empty)."""
-    import shutil
-
-    root = str(tmp_path / "tree")
-    shutil.copytree(os.path.join(os.path.dirname(__file__), "..", "..", "examples"), root,
-                    ignore=shutil.ignore_patterns("generated", "meta-state", "state"))
-    os.makedirs(os.path.join(root, "meta-state"))
-    with open(os.path.join(root, "meta-state", "storage-state.yaml"), "w", encoding="utf-8") as fh:
-        fh.write("storages:\n"
-                 "  mnt_data: {state: active, facts: {builder: aws-ebs, type: ebs, volume_id: vol-going}}\n")
+    root = _examples_with_mnt_data(tmp_path, "vol-going")
 
     def factory(service, access):
         return FakeClient({"describe_volumes": {"Volumes": [{"VolumeId": "vol-going", "State": "deleting"}]}})
