@@ -19,11 +19,14 @@ description:
     C(stopped). The machine's OS unmounted its filesystems as it stopped; terraform then detaches and terminates.
   - Each machine's instance id is the one the root's terraform state records, never one found by tags.
   - A machine already C(stopped), C(shutting-down) or C(terminated), or one EC2 does not know, is skipped (the result
-    says why); one already C(stopping) is waited for. A machine whose attachments the plan keeps (no EBS volume) is not stopped.
+    says why); one already C(stopping) is waited for; one still launching (C(pending), which StopInstances refuses) is
+    waited for until it runs, then stopped. A machine whose attachments the plan keeps (no EBS volume) is not stopped.
   - A StopInstances error, or a machine not C(stopped) within O(timeout), fails the task naming the instance;
     nothing is applied then.
   - The C(csis.infra.tofu_root) role runs it after the gate, the approval, M(csis.infra.csis_apply_check) and the
-    plan-binding check, right before the apply (for the ephemeral teardown pass too).
+    plan-binding check, right before the apply (for the ephemeral teardown pass too), unless its variable
+    C(csis_stop_before_detach) is V(false). A machine it stopped stays stopped when the apply then fails; the role's
+    failure message names it.
   - Uses boto3 with the root's runtime (region, profile, endpoints). A runtime with static keys is reached with them
     (the root's C(secrets), decrypted on the controller with the run's vault secrets), never with the environment's
     credentials; otherwise credentials come from the environment.

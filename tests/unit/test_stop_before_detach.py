@@ -103,7 +103,8 @@ def test_deposed_objects_and_duplicates_do_not_add_machines():
 # --------------------------------------------------------------------------- the stop, a stand-in EC2
 class FakeEC2:
     """EC2 as the stop sees it: describe_instances answers from ``states`` (a list per id: one
-    state per describe, the last repeated); stop_instances records the call or raises ``fail``."""
+    state per describe, the last repeated); stop_instances records the call or raises ``fail``, and
+    refuses a machine last seen ``pending`` as EC2 does (IncorrectInstanceState)."""
 
     class NotFound(Exception):
         response = {"Error": {"Code": "InvalidInstanceID.NotFound", "Message": "not found"}}
@@ -112,6 +113,7 @@ class FakeEC2:
         self.states = {k: list(v) for k, v in states.items()}
         self.fail = fail
         self.stopped = []
+        self.seen = {}
 
     def describe_instances(self, InstanceIds):
         (iid,) = InstanceIds
@@ -119,11 +121,15 @@ class FakeEC2:
             raise FakeEC2.NotFound("InvalidInstanceID.NotFound")
         seq = self.states[iid]
         st = seq.pop(0) if len(seq) > 1 else seq[0]
+        self.seen[iid] = st
         return {"Reservations": [{"Instances": [{"InstanceId": iid, "State": {"Name": st}}]}]}
 
     def stop_instances(self, InstanceIds):
         if self.fail:
             raise self.fail
+        if any(self.seen.get(i) == "pending" for i in InstanceIds):
+            raise Exception("An error occurred (IncorrectInstanceState) when calling the StopInstances operation: "
+                            "The instance '%s' is not in a state from which it can be stopped." % InstanceIds[0])
         self.stopped += InstanceIds
         return {}
 
@@ -166,12 +172,12 @@ def test_check_mode_stops_nothing_and_says_what_it_would(fake):
 
 
 def test_a_stop_that_fails_names_the_instance_and_nothing_is_applied(fake):
-    err = Exception("An error occurred (IncorrectInstanceState) when calling the StopInstances operation: pending")
-    fake["ec2"] = FakeEC2({"i-a": ["pending"]}, fail=err)
+    err = Exception("An error occurred (UnauthorizedOperation) when calling the StopInstances operation: denied")
+    fake["ec2"] = FakeEC2({"i-a": ["running"]}, fail=err)
     with pytest.raises(StopError) as exc:
         stop_machines(_machines("a"), {"region": "us-east-2"})
     assert "instance a (i-a): StopInstances failed before the apply" in str(exc.value)
-    assert "IncorrectInstanceState" in str(exc.value) and "nothing applied" in str(exc.value)
+    assert "UnauthorizedOperation" in str(exc.value) and "nothing applied" in str(exc.value)
 
 
 def test_a_machine_not_stopped_in_time_fails_naming_it(fake):
@@ -185,6 +191,29 @@ def test_a_machine_not_stopped_in_time_fails_naming_it(fake):
     assert str(exc.value).startswith("instance a (i-a) (EC2 says stopping) did not reach 'stopped' within 12s")
     assert "nothing applied" in str(exc.value) and fake["ec2"].stopped == ["i-a"]
     assert now[0] == 12
+
+
+def test_a_machine_still_launching_is_stopped_once_it_runs(fake):
+    # StopInstances refuses a pending machine: the step waits until it runs, then stops it
+    fake["ec2"] = FakeEC2({"i-a": ["pending", "pending", "running", "stopping", "stopped"], "i-b": ["running", "stopped"],
+                           "i-c": ["pending", "terminated"]})
+    slept = []
+    res = stop_machines(_machines("a", "b", "c"), {"region": "us-east-2"}, timeout=60, interval=1, sleep=slept.append)
+    assert fake["ec2"].stopped == ["i-b", "i-a"]  # the running one at once, the launching one once it runs
+    assert sorted(m["instance_id"] for m in res["stopped"]) == ["i-a", "i-b"]
+    assert [(m["instance_id"], m["reason"]) for m in res["skipped"]] == [("i-c", "already terminated")]
+
+
+def test_a_machine_launching_past_the_timeout_fails_naming_it_and_what_was_asked(fake):
+    fake["ec2"] = FakeEC2({"i-a": ["pending"], "i-b": ["running", "stopped"]})
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+    with pytest.raises(StopError) as exc:
+        stop_machines(_machines("a", "b"), {"region": "us-east-2"}, timeout=10, interval=5, sleep=sleep, clock=lambda: now[0])
+    assert str(exc.value).startswith("instance a (i-a) still launching ('pending') 10s after the stop began")
+    assert "nothing applied (stop already asked of i-b)" in str(exc.value) and fake["ec2"].stopped == ["i-b"]
 
 
 def test_the_whole_step_reads_the_state_only_when_the_plan_destroys_an_instance_with_attachments(fake, monkeypatch):

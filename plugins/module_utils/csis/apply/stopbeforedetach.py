@@ -141,7 +141,8 @@ def stop_machines(machines: Iterable[Mapping[str, Any]], access: Mapping[str, An
     ``{"stopped": [...], "skipped": [...], "would_stop": [...] (check mode)}``, each entry a machine
     with its ``state`` (and a skip's ``reason``). A machine already stopped, shutting down or
     terminated, or that EC2 does not know, is skipped; one already stopping is waited for; ``check`` stops nothing. A
-    StopInstances error or a machine not ``stopped`` in time raises :class:`StopError` naming it."""
+    StopInstances error or a machine not ``stopped`` in time raises :class:`StopError` naming it. A machine
+    still launching (``pending``, which StopInstances refuses) is waited for until it runs, then stopped."""
     machines = list(machines)
     out: Dict[str, Any] = {"stopped": [], "skipped": [], "would_stop": []}
     if not machines:
@@ -153,8 +154,10 @@ def stop_machines(machines: Iterable[Mapping[str, Any]], access: Mapping[str, An
     if check:
         out["would_stop"] = [m for m in surveyed if m["action"] in ("stop", "wait")]
         return out
+    deadline = clock() + float(timeout)
     asked: List[str] = []
-    for m in todo:
+
+    def ask(m: Mapping[str, Any]) -> None:
         try:
             ec2.stop_instances(InstanceIds=[m["instance_id"]])
         except Exception as exc:  # pylint: disable=broad-except
@@ -162,8 +165,43 @@ def stop_machines(machines: Iterable[Mapping[str, Any]], access: Mapping[str, An
             raise StopError("%s: StopInstances failed before the apply: %s; nothing applied%s"
                             % (_label(m), aws.error_text(exc), also))
         asked.append(m["instance_id"])
-    deadline = clock() + float(timeout)
-    pending = [m for m in surveyed if m["action"] in ("stop", "wait")]
+
+    for m in todo:
+        if m["state"] != "pending":
+            ask(m)
+    # a machine still launching (``pending``) cannot be stopped yet (StopInstances refuses it:
+    # IncorrectInstanceState): waited for until it runs, then stopped, within the same timeout
+    launching = [m for m in todo if m["state"] == "pending"]
+    waiting = [m for m in surveyed if m["action"] == "wait"]
+    while launching:
+        left = []
+        for m in launching:
+            try:
+                st = _state_of(ec2, m["instance_id"])
+            except Exception as exc:  # pylint: disable=broad-except
+                raise StopError("%s: cannot read its EC2 state while waiting for it to finish launching: %s; "
+                                "nothing applied" % (_label(m), aws.error_text(exc)))
+            if st == "pending":
+                left.append(dict(m, state=st))
+            elif st is None or st in SKIP_STATES:
+                out["skipped"].append(dict(m, state=st, action="skip",
+                                           reason="already %s" % st if st else "gone while launching (not found)"))
+            elif st == "stopping":
+                waiting.append(dict(m, state=st))
+            else:
+                ask(m)
+                waiting.append(dict(m, state=st))
+        launching = left
+        if not launching:
+            break
+        remaining = deadline - clock()
+        if remaining <= 0:
+            also = (" (stop already asked of %s)" % ", ".join(asked)) if asked else ""
+            raise StopError("%s still launching ('pending') %gs after the stop began: StopInstances cannot stop it yet; "
+                            "nothing applied%s: run again once it runs, or raise the stop timeout"
+                            % ("; ".join(_label(m) for m in launching), float(timeout), also))
+        sleep(min(float(interval), remaining))
+    pending = [m for m in todo if m["state"] != "pending"] + waiting
     while pending:
         left = []
         for m in pending:
