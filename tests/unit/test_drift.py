@@ -577,11 +577,24 @@ def test_the_foreign_scan_skips_volumes_being_deleted_and_instances_own_volumes(
                                              {"VolumeId": "vol-9", "State": "available", "Tags": []},
                                              # an instance's root volume (deleted with it, its tags): no storage
                                              {"VolumeId": "vol-7", "State": "in-use", "Tags": [],
-                                              "Attachments": [{"InstanceId": "i-1", "DeleteOnTermination": True}]},
+                                              "Attachments": [{"InstanceId": "i-1", "Device": "/dev/xvda",
+                                                               "DeleteOnTermination": True}]},
                                              # a data volume attached by a storage root: still scanned
                                              {"VolumeId": "vol-6", "State": "in-use", "Tags": [],
-                                              "Attachments": [{"InstanceId": "i-1", "DeleteOnTermination": False}]}]},
-            "describe_snapshots": {"Snapshots": []}, "describe_instances": {"Reservations": []},
+                                              "Attachments": [{"InstanceId": "i-1", "Device": "/dev/sdf",
+                                                               "DeleteOnTermination": False}]},
+                                             # ... also when it is deleted with the instance (not its root device)
+                                             {"VolumeId": "vol-5", "State": "in-use", "Tags": [],
+                                              "Attachments": [{"InstanceId": "i-1", "Device": "/dev/sdg",
+                                                               "DeleteOnTermination": True}]},
+                                             # the root volume of an instance the scan did not read: by DeleteOnTermination
+                                             {"VolumeId": "vol-4", "State": "in-use", "Tags": [],
+                                              "Attachments": [{"InstanceId": "i-2", "Device": "/dev/xvda",
+                                                               "DeleteOnTermination": True}]}]},
+            "describe_snapshots": {"Snapshots": []},
+            "describe_instances": {"Reservations": [{"Instances": [
+                {"InstanceId": "i-1", "RootDeviceName": "/dev/xvda", "State": {"Name": "running"}, "ImageId": "ami-1",
+                 "Tags": [{"Key": "csis_config", "Value": TAG}]}]}]},
             "describe_file_systems": {"FileSystems": [
                 {"FileSystemId": "fs-8", "LifeCycleState": "deleted", "Tags": [{"Key": "csis_config", "Value": TAG}]},
                 {"FileSystemId": "fs-9", "LifeCycleState": "available", "Tags": [{"Key": "csis_config", "Value": TAG}]}]},
@@ -589,6 +602,7 @@ def test_the_foreign_scan_skips_volumes_being_deleted_and_instances_own_volumes(
 
     reality = lookups.observe(exps(), lambda rt: {"region": "r"}, factory)
     assert [(f["what"], f["id"]) for f in reality["foreign"]] == [("volume", "vol-9"), ("volume", "vol-6"),
+                                                                  ("volume", "vol-5"), ("instance", "i-1"),
                                                                   ("filesystem", "fs-9")]
 
 

@@ -194,12 +194,24 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
             items.append(dict({"what": what, "id": rid, "name": tags.get("Name") or rid, "state": state, "tags": tags,
                                "runtime": runtime, "kind": kind}, **extra))
 
+    #: instance id -> its root device name (``RootDeviceName``), for every instance the scan read
+    root_devices: Dict[str, str] = {}
+
+    def own_volume(attachment: Mapping[str, Any]) -> bool:
+        """An instance's own root volume (which carries the instance's tags): attached at the
+        instance's root device. Of an instance the scan did not read (another state, no tag, or the
+        instance scan unavailable): one deleted with it (``DeleteOnTermination``)."""
+        iid = str(attachment.get("InstanceId") or "")
+        if iid in root_devices:
+            return bool(root_devices[iid]) and attachment.get("Device") == root_devices[iid]
+        return bool(attachment.get("DeleteOnTermination"))
+
     def volumes() -> None:
         for v in paginate(ep, "ec2", "describe_volumes", "Volumes", "NextToken", "NextToken", Filters=flt):
             if v.get("State") in GONE_STORAGE_STATES:  # going or gone, as a terminated instance
                 continue
-            if any(a.get("DeleteOnTermination") for a in v.get("Attachments") or []):
-                continue  # an instance's own volume (its root volume, which carries its tags): the instance's, no storage
+            if any(own_volume(a) for a in v.get("Attachments") or []):
+                continue  # an instance's root volume: the instance's, no storage
             found("volume", v["VolumeId"], v.get("State"), resource_tags(v.get("Tags")))
 
     def snapshots() -> None:
@@ -211,6 +223,7 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
         for r in paginate(ep, "ec2", "describe_instances", "Reservations", "NextToken", "NextToken", Filters=flt + [
                 {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}]):
             for i in r.get("Instances") or []:
+                root_devices[i["InstanceId"]] = str(i.get("RootDeviceName") or "")
                 found("instance", i["InstanceId"], (i.get("State") or {}).get("Name"), resource_tags(i.get("Tags")),
                       kind="instance", ami=i.get("ImageId"))
 
@@ -239,9 +252,16 @@ def scan_foreign(ep: Endpoint, runtime: str, tag: str, known: Mapping[str, Itera
                 items.append({"what": "bucket", "id": name, "name": name, "state": "available", "tags": tags,
                               "runtime": runtime, "kind": "storage"})
 
+    # the instances first (the volume scan tells their root volumes by their root devices), listed
+    # after the volumes and snapshots as before
+    items_before, unavailable_before = len(items), len(unavailable)
+    scan("instance", instances)
+    instance_items, instance_unavailable = items[items_before:], unavailable[unavailable_before:]
+    del items[items_before:], unavailable[unavailable_before:]
     scan("volume", volumes)
     scan("snapshot", snapshots)
-    scan("instance", instances)
+    items.extend(instance_items)
+    unavailable.extend(instance_unavailable)
     scan("filesystem", filesystems)
     scan("bucket", buckets)
     return items, unavailable, {}
