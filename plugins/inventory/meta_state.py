@@ -132,7 +132,7 @@ options:
         has is used. C(name) is the declared instance name, C(hostname) the canonical
         C(<name>-NNN), C(alias) the optional alias.
       - An instance with none of the listed values is left out with a warning. Two
-        instances with the same resulting host name fail the source.
+        instances with the same resulting host name fail the source. An empty list fails the source.
     type: list
     elements: str
     choices: ['name', 'hostname', 'alias']
@@ -407,7 +407,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         return out
 
     def _host_name(self, hostvars):
-        for choice in self.get_option("hostnames") or ["name"]:
+        for choice in self.get_option("hostnames"):
             value = hostvars.get("csis_" + choice)
             if value:
                 return str(value)
@@ -511,6 +511,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache=cache)
         self._read_config_data(path)
+        if self.get_option("hostnames") == []:
+            # an empty list names no host: refused, not read as the default
+            raise AnsibleParserError("csis.infra.meta_state: %s: 'hostnames' is empty, so it names no host: list one or "
+                                     "more of name, hostname, alias, or leave it out for [name]" % path)
         source, identity, open_store = self._store(path)
 
         records = self._get_cached(path, cache, identity)

@@ -171,6 +171,13 @@ def test_duplicate_host_names_fail(tmp_path, config_root):
     assert "instances 'test2' and 'test3' both resolve to host name 'db'" in proc.stderr
 
 
+def test_an_empty_hostnames_list_fails_the_source(tmp_path, config_root):
+    proc = run_inventory(write_source(tmp_path, hostnames=[]), "--list", check=False,
+                         ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="1")
+    assert proc.returncode != 0
+    assert "'hostnames' is empty, so it names no host: list one or more of name, hostname, alias" in proc.stderr
+
+
 def _launched_without_a_generation(config_root):
     """A launch record with no open generation: no instance id, no private address to reach it by."""
     with MetaState(str(config_root)).transaction() as txn:
