@@ -14,8 +14,9 @@ description:
     resource I(storage_id) (a C(vol-) id for an EBS storage, an C(fs-) id for EFS, a bucket name for S3), after
     checking at the storage runtime's endpoint that it exists and is available.
   - Refuses an undeclared storage (a recorded storage that is not declared is planned as destroyed), an id of the
-    wrong shape, an id already recorded for another storage, and an id the endpoint does not know or cannot be
-    asked about.
+    wrong shape, an id already recorded for another storage, a storage recorded C(archived) (the import would leave
+    its archive snapshot unreferenced; restore it, or destroy it, through its lifecycle), and an id the endpoint does
+    not know or cannot be asked about.
   - Writes through a meta-state transaction. When the storage's root is rendered and initialised
     (C(generated/storage/<builder>/storage-generation/)) and its terraform state does not hold the resource, the
     resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>)), so the next storage

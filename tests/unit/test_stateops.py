@@ -192,6 +192,18 @@ def test_import_storage_refusals(root):
     with pytest.raises(so.StateOpError, match="already recorded for storage 'old'"):
         so.import_storage(root, "mnt_data", "vol-0cccccccccccccccc", factory=vol)
     assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == "vol-0aaaaaaaaaaaaaaaa"
+    # an archived storage: its snapshot (here of a pre-0.1.0 name) would be left unreferenced
+    with MetaState(root).transaction("test") as txn:
+        data = txn.load("storage-state.yaml")
+        data["storages"]["mnt_data"] = {"state": "archived", "generation": 1, "facts": {
+            "builder": "aws-ebs", "type": "ebs", "archive": "csis-mnt-data-archive"}}
+        txn.save("storage-state.yaml", data)
+    found = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
+        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    with pytest.raises(so.StateOpError, match=r"storage 'mnt_data' is recorded archived \(its archive snapshot "
+                                              r"csis-mnt-data-archive\): an import would record it active"):
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=found)
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["state"] == "archived"
 
 
 def test_import_storage_records_active_with_facts(root):

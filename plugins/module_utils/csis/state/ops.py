@@ -360,6 +360,14 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     if not _ID_RE[stype].match(storage_id):
         raise StateOpError("storage '%s' (%s): storage_id %r is not %s" % (name, stype, storage_id, _ID_SHAPE[stype]))
     recs = meta["storage-state.yaml"]["storages"]
+    if (recs.get(name) or {}).get("state") == "archived":
+        # an import would record it active and forget its archive snapshot (which stays, unreferenced:
+        # a foreign snapshot in the drift report, and a pre-0.1.0 name lost for good)
+        snap = ((recs[name].get("facts") or {}).get("archive")) or archive_snapshot_name(name)
+        raise StateOpError("storage '%s' is recorded archived (its archive snapshot %s): an import would record it "
+                           "active and leave that snapshot unreferenced. Restore it through its lifecycle (declare "
+                           "state: active: the run restores the volume from the snapshot), or declare it destroyed "
+                           "(the run deletes the snapshot) and import into the new record" % (name, snap))
     id_key = {"ebs": "volume_id", "efs": "file_system_id", "s3": "bucket_name"}[stype]
     for other, rec in sorted(recs.items()):
         if other != name and rec.get("state") != "destroyed" and (rec.get("facts") or {}).get(id_key) == storage_id:
