@@ -196,6 +196,9 @@ def applied(tmp_path_factory, tf_env, moto_endpoint):
         "restored": ("aws_storage_ebs", {
             "name": "tfm-ebs-restored", "size": 12, "availability_zone": "us-east-2a",
             "snapshot_name": "tfm-archive",
+            # asks for no encryption (null, not false: under EBS encryption by default an explicit false
+            # would plan a replacement on every run); the second plan of apply_and_converge is empty
+            "encrypted": False,
         }, ["volume_id"]),
         "shared_efs": ("aws_storage_efs", {
             "name": "tfm-efs-shared",
@@ -265,6 +268,7 @@ def test_ebs_volume_from_snapshot(applied, moto_endpoint):
     out = applied["out"]["restored"]
     vol = moto_endpoint.client("ec2").describe_volumes(VolumeIds=[out["volume_id"]])["Volumes"][0]
     assert vol["SnapshotId"] == applied["snapshot"]
+    assert vol["Encrypted"] is False  # encrypted = false: none asked, and this account encrypts none by default
 
 
 # -- EFS ------------------------------------------------------------------------------

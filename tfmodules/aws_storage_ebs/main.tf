@@ -39,8 +39,10 @@ resource "aws_ebs_volume" "this" {
   availability_zone = local.availability_zone
   size              = var.size
   type              = var.volume_type
-  encrypted         = var.encrypted
-  snapshot_id       = var.snapshot_name == "" ? null : data.aws_ebs_snapshot.archive[0].id
+  # false asks for nothing (null): in an account with EBS encryption by default, AWS encrypts the
+  # volume anyway, and an explicit false would then plan its replacement on every run
+  encrypted   = var.encrypted ? true : null
+  snapshot_id = var.snapshot_name == "" ? null : data.aws_ebs_snapshot.archive[0].id
 
   tags = merge({ Name = var.name }, var.tags)
 

@@ -31,7 +31,7 @@ variable "volume_type" {
 }
 
 variable "encrypted" {
-  description = "Encrypt the volume (default KMS key)."
+  description = "Encrypt the volume (default KMS key). false asks for no encryption; an account with EBS encryption by default still encrypts it."
   type        = bool
   default     = true
 }
