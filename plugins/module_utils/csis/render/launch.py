@@ -147,6 +147,10 @@ def _q(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+#: how long the launch script waits for an EBS volume's device (polled every 2 s)
+DEVICE_WAIT_SECONDS = 300
+
+
 def user_data_template(params: Mapping[str, Any]) -> str:
     """The launch script as a ``templatefile`` template.
 
@@ -163,6 +167,10 @@ def user_data_template(params: Mapping[str, Any]) -> str:
         "set -euo pipefail",
         "exec > >(tee -a /var/log/csis-launch.log) 2>&1",
         "csis_fail() { echo \"csis-launch: $*\" >&2; exit 1; }",
+        # a failing command names itself in the log (set -e ends the script without a word)
+        "trap 'echo \"csis-launch: line $LINENO: $BASH_COMMAND failed\" >&2' ERR",
+        # a marker an image built from a launched machine carries is not this machine's
+        "rm -f %s" % MARKER,
         "hostnamectl set-hostname %s 2>/dev/null || hostname %s" % (_q(host), _q(host)),
     ]
     if params.get("group"):
@@ -178,15 +186,28 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 'DEV="${ebs["%s"].device_name}"' % s,
                 'VOL="${ebs["%s"].volume_id}"' % s,
                 'BYID="/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_$${VOL//-/}"',
-                "for _ in $(seq 1 60); do",
+                # up to 300 s: terraform attaches the volume only once the instance runs (its
+                # attachments wait for it), while cloud-init may already run this script
+                "for _ in $(seq 1 %d); do" % (DEVICE_WAIT_SECONDS // 2),
                 '  if [ -e "$BYID" ]; then DEV="$(readlink -f "$BYID")"; break; fi',
                 '  if [ -e "$DEV" ]; then break; fi',
                 "  sleep 2",
                 "done",
-                '[ -e "$DEV" ] || csis_fail "device for volume $VOL did not appear (tried ${ebs["%s"].device_name} and $BYID)"' % s,
-                'blkid "$DEV" >/dev/null 2>&1 || mkfs -t xfs "$DEV"',
-                'UUID="$(blkid -s UUID -o value "$DEV")"',
-                "grep -qF %s /etc/fstab || echo \"UUID=$UUID %s xfs defaults,nofail 0 2\" >> /etc/fstab" % (_q(" " + mp + " "), mp),
+                '[ -e "$DEV" ] || csis_fail "device for volume $VOL did not appear within %d s (tried ${ebs["%s"].device_name} and $BYID)"'
+                % (DEVICE_WAIT_SECONDS, s),
+                # a new volume is formatted; one with a filesystem (a restored archive) is mounted as
+                # it is; one with a partition table or another signature but no filesystem is refused
+                # (blkid exits 2 when it finds no signature: no filesystem type then)
+                'FSTYPE="$(blkid -o value -s TYPE "$DEV")" || FSTYPE=\'\'',
+                'if [ -z "$FSTYPE" ]; then',
+                '  blkid "$DEV" >/dev/null 2>&1 && csis_fail "volume $VOL ($DEV) holds no filesystem but a partition '
+                'table or another signature: not formatting it"',
+                '  mkfs -t xfs "$DEV"',
+                '  FSTYPE=xfs',
+                'fi',
+                'UUID="$(blkid -s UUID -o value "$DEV")" || UUID=\'\'',
+                '[ -n "$UUID" ] || csis_fail "volume $VOL ($DEV) has no filesystem UUID"',
+                "grep -qF %s /etc/fstab || echo \"UUID=$UUID %s $FSTYPE defaults,nofail 0 2\" >> /etc/fstab" % (_q(" " + mp + " "), mp),
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
             ]
@@ -199,6 +220,9 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 ]
         elif mnt["type"] == "efs":
             L += [
+                # fstab type efs (tls, accesspoint=) is amazon-efs-utils' mount helper: the image's to provide
+                "command -v mount.efs >/dev/null 2>&1 || csis_fail %s" % _q(
+                    "%s: amazon-efs-utils (mount.efs) is not installed in the image; the EFS mounts need it" % mp),
                 "mkdir -p %s" % _q(mp),
                 'EFS_ID="${efs["%s"].file_system_id}"' % s,
                 'EFS_AP="${efs["%s"].access_point_id}"' % s,
