@@ -173,6 +173,30 @@ def user_data_template(params: Mapping[str, Any]) -> str:
         "rm -f %s" % MARKER,
         "hostnamectl set-hostname %s 2>/dev/null || hostname %s" % (_q(host), _q(host)),
     ]
+    L += [
+        "",
+        '%{ if enrollment_token_b64 != "" }',
+        # the manual's sftd enrollment: the machine is reached at its private address (a public
+        # one sftd might pick up is never advertised: the reference's finding 26), the token,
+        # then sftd restarted to enroll with it. Before the mounts: a machine whose mount fails
+        # (no completion marker) can still be logged in to, to see why
+        "# sftd enrollment: advertise the private address, write the token, restart sftd",
+        "SFT_ADDR=\"$(hostname -I 2>/dev/null | awk '{print $1}')\" || SFT_ADDR=''",
+        'if [ -n "$SFT_ADDR" ]; then',
+        "  install -d -m 0755 /etc/sft",
+        "  touch /etc/sft/sftd.yaml",
+        "  sed -i '/^AccessAddress:/d' /etc/sft/sftd.yaml",
+        '  echo "AccessAddress: $SFT_ADDR" >> /etc/sft/sftd.yaml',
+        "fi",
+        "install -d -m 0700 /var/lib/sftd",
+        "(umask 077 && printf '%s' '${enrollment_token_b64}' | base64 -d > /var/lib/sftd/enrollment.token)",
+        "if command -v systemctl >/dev/null 2>&1; then",
+        '  systemctl restart sftd || echo "csis-launch: sftd did not restart (is it installed?); it enrolls with '
+        'the token when it starts" >&2',
+        "fi",
+        "%{ endif }",
+        "",
+    ]
     if params.get("group"):
         L.append('GID="${group_gid}"')
     for mnt in params.get("mounts") or []:
@@ -233,28 +257,6 @@ def user_data_template(params: Mapping[str, Any]) -> str:
             ]
         else:
             L.append("# s3 storages are not mounted: reach the bucket with the AWS CLI or SDK")
-    L += [
-        "",
-        '%{ if enrollment_token_b64 != "" }',
-        # the manual's sftd enrollment: the machine is reached at its private address (a public
-        # one sftd might pick up is never advertised: the reference's finding 26), the token,
-        # then sftd restarted to enroll with it
-        "# sftd enrollment: advertise the private address, write the token, restart sftd",
-        "SFT_ADDR=\"$(hostname -I 2>/dev/null | awk '{print $1}')\" || SFT_ADDR=''",
-        'if [ -n "$SFT_ADDR" ]; then',
-        "  install -d -m 0755 /etc/sft",
-        "  touch /etc/sft/sftd.yaml",
-        "  sed -i '/^AccessAddress:/d' /etc/sft/sftd.yaml",
-        '  echo "AccessAddress: $SFT_ADDR" >> /etc/sft/sftd.yaml',
-        "fi",
-        "install -d -m 0700 /var/lib/sftd",
-        "(umask 077 && printf '%s' '${enrollment_token_b64}' | base64 -d > /var/lib/sftd/enrollment.token)",
-        "if command -v systemctl >/dev/null 2>&1; then",
-        '  systemctl restart sftd || echo "csis-launch: sftd did not restart (is it installed?); it enrolls with '
-        'the token when it starts" >&2',
-        "fi",
-        "%{ endif }",
-    ]
     if params.get("userdata"):
         L += ["", "# the instance's own userdata"]
         L.append(template_literal(params["userdata"].rstrip("\n")))
