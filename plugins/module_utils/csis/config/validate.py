@@ -362,6 +362,32 @@ class Validation:
                              "instance '%s' (image '%s') attaches storage '%s' of type '%s' which base '%s' does not declare (declared: %s)"
                              % (inst.name, inst.image, st.name, cap, img.name, _names(img.storage_types)))
 
+    def efs_reachable(self) -> None:
+        """An EFS file system csis.infra creates gets mount targets only from its runtime's
+        networking (``network``, a private subnet per zone, ``addl_security_groups``: the NFS
+        clients); without them an instance's mount fails at boot (no mount target to reach), and
+        the machine never writes its completion marker. An adopted file system
+        (``config.file_system_id``) may have its own."""
+        t = self.t
+        for st in t.storages.values():
+            b = t.storage_builder_for(st)
+            if b is None or b.type != "tf-aws-efs" or st.config.get("file_system_id"):
+                continue
+            users = self.declared_attachers(st.name)
+            rt = t.builder_runtime(b)
+            if not users or rt is None:
+                continue
+            net = rt.networking
+            missing = [what for what, ok in (("network", bool(net.network)),
+                                             ("a private subnet with its availability_zone", bool(net.private_subnets_per_zone())),
+                                             ("addl_security_groups", bool(net.addl_security_groups))) if not ok]
+            if missing:
+                self.add("storage", st.name, "",
+                         "storage '%s' (%s) gets no EFS mount targets: its runtime '%s' declares no %s under networking, "
+                         "so instances %s could not mount it at boot. Declare them, or adopt a file system that has "
+                         "mount targets (config.file_system_id)" % (st.name, b.name, rt.name, " and no ".join(missing),
+                                                                    _names(users)))
+
     def cardinality(self) -> None:
         t = self.t
         for st in t.storages.values():
@@ -897,6 +923,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
         v.problems.extend(hierarchy.required_tag_problems(tree))
     v.labels()
     v.attach_rules()
+    v.efs_reachable()
     v.cardinality()
     v.lifecycles()
     v.ebs_volumes()
