@@ -10,7 +10,8 @@ writes an XFS-like signature nowhere; the fstab line goes to a scratch file):
 
 - a new volume (no signature) is formatted as xfs;
 - a volume holding a filesystem (a restored archive, here ext4) is not formatted, and its fstab
-  line names that filesystem's type and UUID;
+  line names that filesystem's type and UUID, the one line of its mount point (the image's own,
+  a commented one and an earlier run's give way; other mount points' lines stay);
 - a volume with a partition table and no filesystem is refused by name, never formatted, and
   no ``UUID=`` line without a UUID is written (it used to be, for good).
 """
@@ -34,13 +35,13 @@ def _lines():
     with open(GOLDEN, encoding="utf-8") as fh:
         text = fh.read().splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith('FSTYPE="$(blkid'))
-    end = next(i for i, line in enumerate(text) if i > start and "/etc/fstab" in line)
+    end = next(i for i, line in enumerate(text) if i > start and line.startswith("echo ") and ">> /etc/fstab" in line)
     block = "\n".join(text[start:end + 1])
     assert "${" not in block.replace("$${", ""), "the lines hold a template variable: " + block
-    return block.replace("/etc/fstab", '"$FSTAB"')
+    return block.replace("/etc/fstab.csis-launch", '"$FSTAB.csis-launch"').replace("/etc/fstab", '"$FSTAB"')
 
 
-def _run(tmp_path, image):
+def _run(tmp_path, image, fstab=""):
     stub = tmp_path / "stub"
     stub.mkdir()
     (stub / "mkfs").write_text('#!/bin/sh\necho "$*" >> "$CALLS"\n', encoding="utf-8")
@@ -51,7 +52,7 @@ def _run(tmp_path, image):
         'VOL=vol-0abc', 'DEV="%s"' % image, _lines(), 'echo "FSTYPE=$FSTYPE"'])
     env = dict(os.environ, PATH="%s:%s:/usr/sbin:/sbin" % (stub, os.environ.get("PATH", "")),
                FSTAB=str(tmp_path / "fstab"), CALLS=str(tmp_path / "calls"))
-    (tmp_path / "fstab").write_text("", encoding="utf-8")
+    (tmp_path / "fstab").write_text(fstab, encoding="utf-8")
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False)
     calls = (tmp_path / "calls").read_text(encoding="utf-8") if (tmp_path / "calls").exists() else ""
     return proc, calls, (tmp_path / "fstab").read_text(encoding="utf-8")
@@ -93,7 +94,13 @@ def test_a_volume_holding_a_filesystem_is_mounted_with_its_own_type(tmp_path):
                    env=dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"))
     uuid = subprocess.run(["blkid", "-s", "UUID", "-o", "value", str(img)], check=True, capture_output=True, text=True,
                           env=dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")).stdout.strip()
-    proc, calls, fstab = _run(tmp_path, img)
+    # the image's own line for the mount point, a commented one and one from an earlier run give way
+    # to the volume's; another mount point's lines stay (/mnt/data.1 is no pattern matching /mnt/data1)
+    before = ("LABEL=root / xfs defaults 0 0\n/dev/sdz /mnt/data xfs defaults 0 2\n#UUID=old /mnt/data xfs 0 2\n"
+              "/dev/sdy /mnt/data1 xfs defaults 0 2\nUUID=%s /mnt/data ext4 defaults,nofail 0 2\n" % uuid)
+    proc, calls, fstab = _run(tmp_path, img, before)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert calls == "" and "FSTYPE=ext4" in proc.stdout
-    assert fstab == "UUID=%s /mnt/data ext4 defaults,nofail 0 2\n" % uuid
+    assert fstab == ("LABEL=root / xfs defaults 0 0\n/dev/sdy /mnt/data1 xfs defaults 0 2\n"
+                     "UUID=%s /mnt/data ext4 defaults,nofail 0 2\n" % uuid)
+    assert not (tmp_path / "fstab.csis-launch").exists()

@@ -143,10 +143,10 @@ def test_golden_matches_the_manual_file_table() -> None:
     assert ud.index("mount '/mnt/data'") < ud.index("chmod 2770 '/mnt/data/coops'") < ud.index("date -u +%FT%TZ > /var/lib/csis/launch-applied")
     assert "|| true" not in ud
     assert "nvme-Amazon_Elastic_Block_Store_" in ud and "mkfs -t xfs" in ud
-    # the fstab line is looked for as a string: '.' or '+' in a mount point is no pattern that finds
-    # another mount's line (/mnt/data.1 against /mnt/data-1) and skips its own
-    (line,) = [x for x in ud.splitlines() if x.startswith("grep ") and "/etc/fstab" in x]
-    assert line.startswith("grep -qF ' /mnt/data ' /etc/fstab || echo "), line
+    # the mount point's other fstab lines go by their second field compared as a string: '.' or '+'
+    # in a mount point is no pattern that takes another mount's line (/mnt/data.1 against /mnt/data-1)
+    (line,) = [x for x in ud.splitlines() if x.startswith("awk ") and "/etc/fstab" in x]
+    assert line == "awk -v mp='/mnt/data' '$2 != mp' /etc/fstab > /etc/fstab.csis-launch", line
     efs = golden["storage/aws-efs/storage-generation/aws-efs-storage-generation-storage-efs_storage.tf"]
     assert 'transition_to_ia = "AFTER_30_DAYS"' in efs.replace("  ", " ").replace("  ", " ") or "AFTER_30_DAYS" in efs
     assert 'permissions = "2775"' in efs and 'group_gids["stofs"]' in efs

@@ -147,6 +147,20 @@ def _q(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+def _fstab_entry(mp: str, entry: str) -> List[str]:
+    """The script lines that make ``entry`` the one fstab line of mount point ``mp``: any other
+    line whose second field is ``mp`` (an image's own entry, a commented one, this script's from an
+    earlier run) goes first, compared as a string, as the unmount removes it
+    (:func:`.unmount.unmount_script`). ``entry`` is double-quoted shell (it holds ``$UUID``...)."""
+    return [
+        "touch /etc/fstab",
+        "awk -v mp=%s '$2 != mp' /etc/fstab > /etc/fstab.csis-launch" % _q(mp),
+        "cat /etc/fstab.csis-launch > /etc/fstab",
+        "rm -f /etc/fstab.csis-launch",
+        'echo "%s" >> /etc/fstab' % entry,
+    ]
+
+
 #: how long the launch script waits for an EBS volume's device (polled every 2 s)
 DEVICE_WAIT_SECONDS = 300
 
@@ -231,7 +245,7 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 'fi',
                 'UUID="$(blkid -s UUID -o value "$DEV")" || UUID=\'\'',
                 '[ -n "$UUID" ] || csis_fail "volume $VOL ($DEV) has no filesystem UUID"',
-                "grep -qF %s /etc/fstab || echo \"UUID=$UUID %s $FSTYPE defaults,nofail 0 2\" >> /etc/fstab" % (_q(" " + mp + " "), mp),
+            ] + _fstab_entry(mp, "UUID=$UUID %s $FSTYPE defaults,nofail 0 2" % mp) + [
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
             ]
@@ -250,8 +264,8 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 "mkdir -p %s" % _q(mp),
                 'EFS_ID="${efs["%s"].file_system_id}"' % s,
                 'EFS_AP="${efs["%s"].access_point_id}"' % s,
-                "grep -qF %s /etc/fstab || echo \"$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,%snofail 0 0\" >> /etc/fstab"
-                % (_q(" " + mp + " "), mp, "ro," if mnt.get("read_only") else ""),
+            ] + _fstab_entry(mp, "$EFS_ID:/ %s efs _netdev,tls,accesspoint=$EFS_AP,%snofail 0 0"
+                             % (mp, "ro," if mnt.get("read_only") else "")) + [
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
             ]
