@@ -25,6 +25,10 @@ description:
     root while it does not exist yet), no meta-state file may be immutable, and the store's lock is taken and
     released. An unwritable directory (permissions, a read-only mount, C(chattr +i)) or a file where the directory
     belongs fails the run here, naming the directory, instead of after the apply.
+  - B(Meta-state outlives the run.) With I(awx_job) (the run is that AWX job), the tree's local meta-state store
+    refuses the run. An AWX job runs in a container of its own on any execution node; what it would record there
+    (records, plan receipts, approvals, the audit trail) is gone with the container, and its run lock keeps no job on
+    another node out. The S3 store is the AWX store.
   - Leaves nothing behind but the store's own lock file (which every meta-state write keeps).
 extends_documentation_fragment:
   - csis.infra.controller.config_root
@@ -41,6 +45,13 @@ options:
       - Seconds to wait for the meta-state lock while another run holds it (the roles pass C(csis_lock_timeout)).
     type: float
     default: 600
+  awx_job:
+    description:
+      - The AWX job id of this run (the C(csis.infra.render) role passes C(awx_job_id) unless
+        C(csis_awx_local_meta_state) is true, for a checkout that outlives the job). Set, a local meta-state store
+        is a finding.
+    type: str
+    version_added: 0.2.0
   refuse:
     description:
       - Fail the task on any finding (a real run). With C(false) (a dry run, which applies and records nothing), every
@@ -123,7 +134,7 @@ WOULD_REFUSE = "a real run would refuse to start: "
 def _run(module, p):
     try:
         res = preflight(p["config_root"], write=p["write"] and not module.check_mode,
-                        lock_timeout=p["lock_timeout"], what="csis_preflight (write probe)")
+                        lock_timeout=p["lock_timeout"], what="csis_preflight (write probe)", awx_job=p["awx_job"])
     except PreflightError as exc:
         if p["refuse"]:
             fail_from(module, exc, **exc.result)
@@ -138,7 +149,7 @@ def _run(module, p):
 
 RUN = ModuleRun(_run, argument_spec(CONFIG_ROOT_ARGS, write=dict(type="bool", default=True),
                                     lock_timeout=dict(type="float", default=600.0),
-                                    refuse=dict(type="bool", default=True)),
+                                    refuse=dict(type="bool", default=True), awx_job=dict(type="str")),
                 requires=("PyYAML",), options=dict(supports_check_mode=True))
 
 

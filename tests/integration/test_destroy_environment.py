@@ -88,9 +88,10 @@ def test_the_cascade_destroys_leaves_first(tree):
     vol = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
     iid = meta(tree.root, "instance-state.yaml")["instances"]["test2"]["current"]["instance_id"]
     # as an AWX job runs it: the cascade's approval names the AWX user and job, as every record does;
-    # `-e environment=<name>`, the variable's other name, is read as well
+    # `-e environment=<name>`, the variable's other name, is read as well. The tree's store is local,
+    # which an AWX job refuses unless its checkout outlives it (csis_awx_local_meta_state)
     res = tree.play("destroy_environment.yml", environment=ENV, awx_user_name="carol", awx_job_id=77,
-                    awx_workflow_job_id=70)
+                    awx_workflow_job_id=70, csis_awx_local_meta_state=True)
     assert res.returncode == 0, tail(res)
     out = text(res)
     plans = re.findall(r"([\w-]+): Plan: (\d+) to add, (\d+) to change, (\d+) to destroy", out)

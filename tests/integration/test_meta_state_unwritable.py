@@ -68,3 +68,25 @@ def test_an_unwritable_meta_state_stops_a_real_run_before_any_plan(moto_endpoint
     assert ec2.describe_volumes(Filters=[{"Name": "tag:csis_config", "Values": [key]}])["Volumes"] == []
     objects = ep.client("s3").list_objects_v2(Bucket=ep.state_bucket, Prefix="statefiles/%s" % key).get("Contents", [])
     assert objects == []
+
+
+def test_an_awx_job_on_the_trees_local_store_is_refused_before_any_plan(moto_endpoint, tmp_path):
+    """An AWX job (``awx_job_id``, what AWX passes every job) runs in a container of its own: what
+    it would record in the tree's local store is gone with it, and its run lock keeps no other
+    node's job out. A real run is refused by the preflight, before anything is rendered
+    (``csis_awx_local_meta_state=true``, for a checkout that outlives its jobs, lets it go on:
+    test_destroy_environment.py runs the cascade so)."""
+    ep = moto_endpoint
+    key = "awx-local-%s" % uuid.uuid4().hex[:8]
+    root = e2e.make_ebs_tree(str(tmp_path), key, tree_id=key)
+    overlays = [ep.overlay_path, e2e.APPLY_ALL]
+    real = e2e.run_playbook("storage.yml", root, ep.env, overlays=overlays, extra_vars={"awx_job_id": 4242},
+                            log=os.path.join(str(tmp_path), "awx-real.log"))
+    assert real.rc != 0, real.tail()
+    flat = " ".join(real.out.split())
+    assert ("meta-state is the tree's local store (%s), and this run is AWX job 4242: what it records (records, plan "
+            "receipts, approvals, the audit trail) would be gone with the job's container" % os.path.join(root, "meta-state")) \
+        in flat, real.tail()
+    assert "-e csis_awx_local_meta_state=true where the checkout outlives the job" in flat
+    assert "TASK [csis.infra.render : Render the storage roots]" not in real.out
+    assert not os.path.exists(os.path.join(root, "generated", "storage"))

@@ -81,6 +81,28 @@ def test_no_report_and_an_empty_tree_start(tmp_path):
     assert listing(root) == []  # the probe of a missing meta-state left nothing
 
 
+def test_an_awx_job_on_the_local_store_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    """An AWX job's container, and what it would record in the tree's local store, is gone when it
+    ends: a run that is an AWX job is refused there; one outside AWX (or with the operator's word,
+    which the role gives by passing no job) starts. On the S3 store it starts (the store's kind)."""
+    root = tree_at(tmp_path)
+    assert preflight.preflight(root, awx_job=None)["meta_state"]["writable"] is True
+    with pytest.raises(preflight.PreflightError) as exc:
+        preflight.preflight(root, awx_job="41")
+    (line,) = exc.value.problems
+    assert line.startswith("meta-state is the tree's local store (%s), and this run is AWX job 41: what it records "
+                           % os.path.join(root, "meta-state")), line
+    assert "Declare the S3 store for AWX" in line and "-e csis_awx_local_meta_state=true" in line
+    assert listing(root) == []  # refused before anything was probed or written
+
+    class S3Like:
+        kind = "s3"
+
+    assert preflight.local_store_under_awx(MetaState(root), "") is None
+    monkeypatch.setattr(MetaState, "objects", property(lambda self: S3Like()))
+    assert preflight.local_store_under_awx(MetaState(root), "41") is None
+
+
 def test_hard_lines_refuse_with_the_reference_message_and_soft_lines_do_not(tmp_path):
     root = tree_at(tmp_path)
     write_report(root, [STALE])

@@ -679,18 +679,3 @@ def test_recorded_storages_are_what_the_storage_check_looks_up(tmp_path: Any) ->
         assert item["recorded_storages"] == looked_up, state
         listed = [c for c in item["deferred"] if c.startswith("csis_storage_check")]
         assert listed == (["csis_storage_check mnt_data (recorded storages still exist)"] if looked_up else []), state
-
-
-def test_a_real_run_in_an_awx_job_on_the_local_store_is_warned_about(tmp_path: Any, monkeypatch: Any) -> None:
-    """Inside an AWX job the tree's checkout goes with the job's container, and with it what a local
-    meta-state store records: a real run says so; a dry run, a run outside AWX or one on the S3
-    store does not."""
-    root = rt.copy_tree("examples", str(tmp_path))
-    monkeypatch.delenv("CSIS_AWX_JOB_ID", raising=False)
-    assert service.render(root, ["identity"], dry_run=False, prepare=False)["warnings"] == []
-    monkeypatch.setenv("CSIS_AWX_JOB_ID", "41")
-    assert service.render(root, ["identity"], dry_run=True, prepare=False)["warnings"] == []
-    (warning,) = service.render(root, ["identity"], dry_run=False, prepare=False)["warnings"]
-    assert warning.startswith("meta-state is the tree's local store (%s/meta-state), and this run is AWX job 41: "
-                              % os.path.realpath(root)), warning
-    assert "declare the S3 store for AWX" in warning

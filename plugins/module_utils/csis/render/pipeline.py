@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from ..apply.workspace import mask_url
 from ..config.validate import load_and_validate
-from ..errors import ConfigError, Problem, printable
+from ..errors import ConfigError, Problem
 from ..terraform import env_overrides, takes_ephemeral_variables
 from . import cascade as cascade_lib
 from .plan import LIFECYCLES, RenderOptions, RootPlan
@@ -85,19 +85,6 @@ def preview(meta: Dict[str, Any], markers: Mapping[str, Any]) -> List[Problem]:
         else:
             pending[name] = dict(marker)
     return problems
-
-
-def _store_warnings(tree: Any, dry_run: bool) -> List[str]:
-    """A real run inside an AWX job (``CSIS_AWX_JOB_ID``, which the playbooks set from ``awx_job_id``)
-    on the tree's local meta-state store: what it records is written inside the job's container."""
-    job = os.environ.get("CSIS_AWX_JOB_ID")
-    setting = tree.config_file.meta_state
-    if dry_run or not job or (setting is not None and setting.backend != "local"):
-        return []
-    return ["meta-state is the tree's local store (%s/meta-state), and this run is AWX job %s: what it records "
-            "(records, plan receipts, approvals, the audit trail) stays in this job's checkout and is gone with the "
-            "job, so the next job plans as if nothing had been applied; declare the S3 store for AWX (meta_state: "
-            "{backend: s3, ...} in cfg/_config.yml, docs/awx-setup.md)" % (tree.root, printable(job)[:40])]
 
 
 def _write_and_prepare(tree: Any, plans: List[RootPlan], ahead: List[RootPlan], results: List[Tuple[RootPlan, Any]],
@@ -279,7 +266,7 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         "prepared_ahead": prepared_ahead,
         "diff": diffs,
         "tf_env": env_overrides(),
-        "warnings": [w for p in plans for w in p.warnings] + _store_warnings(tree, dry_run),
+        "warnings": [w for p in plans for w in p.warnings],
         "undeclared": list(tree.undeclared),
         "modules": modules,
         # cfg/_config.yml's approvals: (csis.infra.tofu_root's csis_approval task)

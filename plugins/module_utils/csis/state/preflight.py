@@ -14,6 +14,8 @@
 * **Meta-state can be written**: when the run may apply, the store proves it could record
   what the apply did (:meth:`~.store.MetaState.check_writable`: a write probe and the lock),
   so an unwritable directory stops the run before the first plan instead of after the apply.
+* **Meta-state outlives the run**: a real run that is an AWX job refuses the tree's local store
+  (:func:`local_store_under_awx`), unless the operator said the checkout outlives the job.
 
 :func:`preflight` runs the three and reports every finding at once; it writes nothing that
 stays. Plain Python: importable without Ansible.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from ..errors import CsisError
+from ..errors import CsisError, printable
 from .drift import DRIFT_FILE, DriftError, damaged_record, last_hard
 from .backends import require_tree
 from .store import FILES, MetaState, MetaStateError, NotWritable
@@ -78,13 +80,34 @@ def meta_state(config_root: str, write: bool = True, lock_timeout: float = 600.0
     return out
 
 
+def local_store_under_awx(ms: MetaState, awx_job: Optional[str]) -> Optional[str]:
+    """The refusal of a real run that is AWX job ``awx_job`` on the tree's local store, or None.
+
+    An AWX job runs in a container of its own, on any execution node: what it records in the
+    local store (records, plan receipts, approvals, the audit trail) is gone with the container,
+    and its run lock (a lock file in that container) keeps no other job out."""
+    if not awx_job or ms.objects.kind != "local":
+        return None
+    return ("meta-state is the tree's local store (%s), and this run is AWX job %s: what it records (records, plan "
+            "receipts, approvals, the audit trail) would be gone with the job's container, and its run lock keeps no "
+            "job on another execution node out, so the next job would plan as if nothing had been applied. Declare "
+            "the S3 store for AWX (meta_state: {backend: s3, ...} in cfg/_config.yml, docs/awx-setup.md), or pass "
+            "-e csis_awx_local_meta_state=true where the checkout outlives the job"
+            % (ms.where, printable(str(awx_job))[:40]))
+
+
 def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
-              what: Optional[str] = None) -> Dict[str, Any]:
+              what: Optional[str] = None, awx_job: Optional[str] = None) -> Dict[str, Any]:
     """Run the checks (see the module docstring); return ``{hard_drift, report, meta_state}``
-    or raise :class:`PreflightError` with every finding (its ``result`` holds what was found)."""
+    or raise :class:`PreflightError` with every finding (its ``result`` holds what was found).
+    ``awx_job`` (the AWX job id of a real run, when local meta-state is not accepted under AWX):
+    a local store refuses the run (:func:`local_store_under_awx`)."""
     require_tree(config_root)  # a mistyped csis_config_root: refused before meta-state/ is created there
     problems: List[str] = []
     ms = MetaState(config_root, lock_timeout=lock_timeout)
+    under_awx = local_store_under_awx(ms, awx_job)
+    if under_awx:
+        problems.append(under_awx)
     directory = ms.dir
     result: Dict[str, Any] = {"hard_drift": [], "report": None,
                               "meta_state": {"path": directory, "exists": os.path.isdir(directory),
