@@ -115,6 +115,27 @@ def test_a_local_lock_is_never_released_where_processes_cannot_be_read(tmp_path,
         sl.live_holders({"type": "s3", "config": {}})
 
 
+def test_inside_an_awx_job_a_lock_of_this_host_name_is_not_released_on_its_own(tmp_path, monkeypatch, locked):
+    """An AWX job's container sees its own processes only: another job's container can carry the same
+    host name (host networking) while its terraform apply is invisible here. Such a lock is refused
+    with the procedure (the operator's csis_force_unlock still releases it); a held apply's lock
+    says to query the state first (a killed apply may have left it behind reality)."""
+    _info, calls = locked
+    monkeypatch.setattr(sl, "live_holders", lambda backend: [])
+    monkeypatch.setenv("CSIS_AWX_JOB_ID", "77")
+    root = _root(tmp_path)
+    with pytest.raises(sl.StateLockError) as exc:
+        sl.check_and_release(root)
+    text = str(exc.value)
+    assert "this run is AWX job 77, whose container cannot see the processes of other jobs on its node" in text
+    assert "run again with -e csis_force_unlock=abc-123" in text and calls == []
+    assert text.endswith("an apply held it: what it changed may be missing from the state, so run "
+                         "playbooks/state_query.yml before the next plan (what it created shows as foreign; adopt it "
+                         "with playbooks/state_import.yml)"), text
+    res = sl.check_and_release(root, confirmed_gone=["abc-123"])
+    assert res["released"] and calls == [["terraform", "force-unlock", "-force", "-no-color", "abc-123"]]
+
+
 def test_another_machines_lock_is_refused_with_the_procedure(tmp_path, monkeypatch, locked):
     info, calls = locked
     info["Who"] = "someone@elsewhere"

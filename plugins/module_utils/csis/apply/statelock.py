@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import aws, procs, terraform
 from ..tfstate import backend_of, s3_state_key
-from ..errors import CsisError
+from ..errors import CsisError, printable
 from ..state.backends import object_age
 from .errored import check_errored_state
 
@@ -237,6 +237,12 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     named = confirm_with.format(id=lock_id) + ", or " if confirm_with and lock_id else ""
     procedure = ("if that run is really gone, release the lock: %s%s -chdir=%s force-unlock %s "
                  "(docs/operations.md, 'State is locked')" % (named, binary, root, lock_id or "<ID>"))
+    if str(info.get("Operation") or "") == "OperationTypeApply":
+        # a killed apply may have changed reality without saving its state: the state behind the lock
+        # is then older than reality, and the next plan would create again what it created
+        procedure += ("; an apply held it: what it changed may be missing from the state, so run "
+                      "playbooks/state_query.yml before the next plan (what it created shows as foreign; adopt it "
+                      "with playbooks/state_import.yml)")
     if lock_id and lock_id in {str(i).strip() for i in confirmed_gone or ()}:  # None: an unset run variable
         # the operator's word, but for a live process of this machine (another user's too) working on this state
         _refuse_live_holders(backend, what)
@@ -244,6 +250,12 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     if info.get("Who") != local_who():
         raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
                              "running: wait for it; %s" % (what, procedure))
+    if os.environ.get("CSIS_AWX_JOB_ID"):
+        # an AWX job's container sees its own processes, not its execution node's: another job's
+        # container can share the host name (host networking) while its terraform is invisible here
+        raise StateLockError("STATE LOCKED: %s; this run is AWX job %s, whose container cannot see the processes of "
+                             "other jobs on its node, so whether the holder is gone cannot be told from here: %s"
+                             % (what, printable(os.environ["CSIS_AWX_JOB_ID"])[:40], procedure))
     if not procs.available():
         raise StateLockError("STATE LOCKED: %s; this machine's processes cannot be read (no /proc), so whether its "
                              "holder is gone cannot be told: %s" % (what, procedure))
