@@ -73,8 +73,8 @@ options:
       - Before planning, do what M(csis.infra.csis_state_lock) does, in the same module run (the
         C(csis.infra.tofu_root) role sets it for every root's plan). A root holding
         C(errored.tfstate) is refused, an S3 state lock whose holder on this machine is gone is
-        released (with a warning naming it), as is one named in O(force_unlock); any other lock is refused
-        with its holder and the procedure.
+        released (with a warning naming it; never inside an AWX job, whose container cannot see other jobs'
+        processes), as is one named in O(force_unlock); any other lock is refused with its holder and the procedure.
       - In check mode (terraform does not run) the lock is not looked at.
     type: bool
     default: false

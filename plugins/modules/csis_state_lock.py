@@ -25,6 +25,11 @@ description:
   - The processes of this machine are read from C(/proc) (Linux). Where there is none, a lock of this machine is
     not released either (whether its holder lives cannot be told) and fails the same way, unless O(force_unlock)
     names it (the operator's word).
+  - Inside an AWX job (C(CSIS_AWX_JOB_ID) or C(AWX_JOB_ID) in the environment) such a lock is not released on its own
+    either; a container sees only its own processes, and another job's container can carry the same host name.
+    O(force_unlock) still releases it.
+  - The refusal of a lock an apply held (operation C(OperationTypeApply)) adds that the state may be behind reality
+    (a killed apply) and to run C(playbooks/state_query.yml) before the next plan.
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.aws.boto3

@@ -35,6 +35,10 @@ CASES = {
                          stopped=False, apply={"failed": True, "changed": True}, machines=STOPPED),
     "before_apply": dict(failed_task="Verify the plan file again right before the apply", failed_msg="plan file changed",
                          stopped=False, apply={"changed": False, "skipped": True}, machines=STOPPED),
+    # the first start lost before terraform began (never_began: not failed), the second start failed
+    "first_start_lost": dict(failed_task="Start the apply of exactly that plan file again", failed_msg="lost again",
+                             stopped=False, apply={"failed": False, "never_began": True, "changed": False},
+                             machines=STOPPED),
     "sibling_failed": dict(failed_task="Wait for the apply", failed_msg="x", stopped=True,
                            apply={"changed": False, "skipped": True}, machines=STOPPED),
     "applied_then_record_failed": dict(failed_task="Record what the apply did", failed_msg="meta-state locked",
@@ -131,9 +135,10 @@ def test_an_apply_that_failed_after_the_stop_names_the_machines_left_stopped(mes
                         "start them again (aws ec2 start-instances)"), m
 
 
-def test_a_failure_between_the_stop_and_the_apply_names_them_too(messages):
-    assert "plan file changed - stopped before the apply, and still stopped" in messages["before_apply"]
-    assert "web (i-0web), db (i-0db)" in messages["before_apply"]
+@pytest.mark.parametrize("host, said", [("before_apply", "plan file changed"), ("first_start_lost", "lost again")])
+def test_a_failure_between_the_stop_and_the_apply_names_them_too(messages, host, said):
+    assert said + " - stopped before the apply, and still stopped" in messages[host]
+    assert "web (i-0web), db (i-0db)" in messages[host]
 
 
 def test_a_root_stopped_by_another_roots_failure_names_them(messages):

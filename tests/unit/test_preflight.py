@@ -93,7 +93,17 @@ def test_an_awx_job_on_the_local_store_is_refused_with_what_to_do(tmp_path, monk
     assert line.startswith("meta-state is the tree's local store (%s), and this run is AWX job 41: what it records "
                            % os.path.join(root, "meta-state")), line
     assert "Declare the S3 store for AWX" in line and "-e csis_awx_local_meta_state=true" in line
-    assert listing(root) == []  # refused before anything was probed or written
+    assert listing(root) == []  # the write probe, which ran too (every finding at once), left nothing
+    with pytest.raises(preflight.PreflightError):
+        preflight.preflight(root, awx_job=" 41 ")
+    assert preflight.local_store_under_awx(MetaState(root), "  ") is None  # blank: no AWX job
+    # a store setting that cannot be opened is named as the other checks name it, not raised on its own
+    (tmp_path / "cfg" / "_config.yml").write_text("config: {}\nmeta_state: {backend: s3}\n", encoding="utf-8")
+    for job in (None, "41"):
+        with pytest.raises(preflight.PreflightError) as exc:
+            preflight.preflight(root, awx_job=job)
+        assert all("AWX job" not in p for p in exc.value.problems), exc.value.problems
+    (tmp_path / "cfg" / "_config.yml").write_text("config: {}\n", encoding="utf-8")
 
     class S3Like:
         kind = "s3"

@@ -134,6 +134,13 @@ def test_inside_an_awx_job_a_lock_of_this_host_name_is_not_released_on_its_own(t
                          "with playbooks/state_import.yml)"), text
     res = sl.check_and_release(root, confirmed_gone=["abc-123"])
     assert res["released"] and calls == [["terraform", "force-unlock", "-force", "-no-color", "abc-123"]]
+    # AWX's own variable says so too; a blank one (no job) lets a dead local holder's lock go as before
+    monkeypatch.delenv("CSIS_AWX_JOB_ID")
+    monkeypatch.setenv("AWX_JOB_ID", "78")
+    with pytest.raises(sl.StateLockError, match="this run is AWX job 78, "):
+        sl.check_and_release(root)
+    monkeypatch.setenv("AWX_JOB_ID", "  ")
+    assert sl.check_and_release(root)["released"]
 
 
 def test_another_machines_lock_is_refused_with_the_procedure(tmp_path, monkeypatch, locked):

@@ -235,6 +235,26 @@ def test_what_aws_takes_at_the_edges_is_valid(example, muts):
     load_and_validate(example, run_version=corpus.version_stub({}))
 
 
+NO_MOUNT_TARGETS = {"file": "cfg/runtime-builders.yml", "set": {"runtime_builders.0.networking.addl_security_groups": []}}
+MOUNTS_THE_EFS = {"file": "instances/instances.yaml",
+                  "set": {"instances.1.storages": [{"name": "efs-storage", "mount_point": "/mnt/shared"}]}}
+
+
+@pytest.mark.parametrize("muts", [
+    # nobody mounts the file system (the example tree's efs-storage): no mount target is needed
+    [NO_MOUNT_TARGETS],
+    # an adopted file system may have mount targets of its own
+    [NO_MOUNT_TARGETS, MOUNTS_THE_EFS,
+     {"file": "storages/storage0.yaml", "set": {"storages.2.config": {"file_system_id": "fs-0123456789abcdef0"}}}],
+    # the runtime gives it mount targets
+    [MOUNTS_THE_EFS],
+])
+def test_an_efs_storage_without_mount_targets_is_refused_only_when_mounted_and_created_here(example, muts):
+    for mut in muts:
+        corpus.apply_mutation(example, mut)
+    load_and_validate(example, run_version=corpus.version_stub({}))
+
+
 def test_sizes_past_the_edges_are_refused(example):
     corpus.apply_mutation(example, {"file": "cfg/storage-builders.yml", "set": {
         "storage_builders.1.variables.volume_type": "gp2", "storage_builders.1.size": 16385}})

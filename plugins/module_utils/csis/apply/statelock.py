@@ -197,6 +197,9 @@ def _describe(info: Mapping[str, Any]) -> str:
                info.get("Operation") or "?", info.get("ID") or "?", written))
 
 
+#: the environment that says this run is an AWX job (the playbooks set the first from ``awx_job_id``)
+AWX_JOB_VARIABLES = ("CSIS_AWX_JOB_ID", "AWX_JOB_ID")
+
 #: how a refusal tells the operator to name a lock (``{id}``): the run variable the tofu_root role passes
 CONFIRM_BY_RUN_VARIABLE = ("run again with -e csis_force_unlock={id} (from AWX: the workflow's survey question "
                            "'Release a state lock')")
@@ -250,12 +253,13 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     if info.get("Who") != local_who():
         raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
                              "running: wait for it; %s" % (what, procedure))
-    if os.environ.get("CSIS_AWX_JOB_ID"):
+    awx_job = next((v for v in ((os.environ.get(n) or "").strip() for n in AWX_JOB_VARIABLES) if v), "")
+    if awx_job:
         # an AWX job's container sees its own processes, not its execution node's: another job's
         # container can share the host name (host networking) while its terraform is invisible here
         raise StateLockError("STATE LOCKED: %s; this run is AWX job %s, whose container cannot see the processes of "
                              "other jobs on its node, so whether the holder is gone cannot be told from here: %s"
-                             % (what, printable(os.environ["CSIS_AWX_JOB_ID"])[:40], procedure))
+                             % (what, printable(awx_job)[:40], procedure))
     if not procs.available():
         raise StateLockError("STATE LOCKED: %s; this machine's processes cannot be read (no /proc), so whether its "
                              "holder is gone cannot be told: %s" % (what, procedure))

@@ -384,9 +384,9 @@ class Validation:
             if missing:
                 self.add("storage", st.name, "",
                          "storage '%s' (%s) gets no EFS mount targets: its runtime '%s' declares no %s under networking, "
-                         "so instances %s could not mount it at boot. Declare them, or adopt a file system that has "
-                         "mount targets (config.file_system_id)" % (st.name, b.name, rt.name, " and no ".join(missing),
-                                                                    _names(users)))
+                         "so instances %s could not mount it at boot. Declare them (config.file_system_id adopts a "
+                         "file system with mount targets of its own, never one this tree created)"
+                         % (st.name, b.name, rt.name, " and no ".join(missing), _names(users)))
 
     def cardinality(self) -> None:
         t = self.t

@@ -248,6 +248,10 @@ def user_data_template(params: Mapping[str, Any]) -> str:
             ] + _fstab_entry(mp, "UUID=$UUID %s $FSTYPE defaults,nofail 0 2" % mp) + [
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
+                # something else mounted there first (an image's own fstab entry, mounted at boot) is no
+                # mount of the volume: the device the mount point shows must be the volume's
+                '[ "$(findmnt -n -o SOURCE --mountpoint %s)" -ef "$DEV" ] || csis_fail "%s is mounted, but not '
+                'from volume $VOL ($DEV)"' % (_q(mp), mp),
             ]
             if mnt.get("group"):
                 sub = "%s/%s" % (mp, mnt["group"])

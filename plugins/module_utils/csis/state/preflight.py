@@ -86,6 +86,7 @@ def local_store_under_awx(ms: MetaState, awx_job: Optional[str]) -> Optional[str
     An AWX job runs in a container of its own, on any execution node: what it records in the
     local store (records, plan receipts, approvals, the audit trail) is gone with the container,
     and its run lock (a lock file in that container) keeps no other job out."""
+    awx_job = (awx_job or "").strip()
     if not awx_job or ms.objects.kind != "local":
         return None
     return ("meta-state is the tree's local store (%s), and this run is AWX job %s: what it records (records, plan "
@@ -105,7 +106,10 @@ def preflight(config_root: str, write: bool = True, lock_timeout: float = 600.0,
     require_tree(config_root)  # a mistyped csis_config_root: refused before meta-state/ is created there
     problems: List[str] = []
     ms = MetaState(config_root, lock_timeout=lock_timeout)
-    under_awx = local_store_under_awx(ms, awx_job)
+    try:
+        under_awx = local_store_under_awx(ms, awx_job)
+    except MetaStateError:
+        under_awx = None  # a store that cannot be opened: the check below names it
     if under_awx:
         problems.append(under_awx)
     directory = ms.dir
