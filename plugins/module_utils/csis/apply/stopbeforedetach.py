@@ -169,62 +169,44 @@ def stop_machines(machines: Iterable[Mapping[str, Any]], access: Mapping[str, An
     for m in todo:
         if m["state"] != "pending":
             ask(m)
-    # a machine still launching (``pending``) cannot be stopped yet (StopInstances refuses it:
-    # IncorrectInstanceState): waited for until it runs, then stopped, within the same timeout
-    launching = [m for m in todo if m["state"] == "pending"]
-    waiting = [m for m in surveyed if m["action"] == "wait"]
-    while launching:
+    # one wait for both: a machine still launching (``pending``: StopInstances refuses it,
+    # IncorrectInstanceState) is stopped once it runs; every machine asked, or stopping already,
+    # until EC2 says ``stopped``; all within the same timeout
+    waiting = [m for m in surveyed if m["action"] in ("stop", "wait")]
+    while waiting:
         left = []
-        for m in launching:
+        for m in waiting:
+            launching = m["state"] == "pending"
             try:
                 st = _state_of(ec2, m["instance_id"])
             except Exception as exc:  # pylint: disable=broad-except
-                raise StopError("%s: cannot read its EC2 state while waiting for it to finish launching: %s; "
-                                "nothing applied" % (_label(m), aws.error_text(exc)))
-            if st == "pending":
+                raise StopError("%s: cannot read its EC2 state while waiting for it to %s: %s; nothing applied"
+                                % (_label(m), "finish launching" if launching else "stop", aws.error_text(exc)))
+            if st == "pending" or st == "stopping" or (st == "running" and not launching):
                 left.append(dict(m, state=st))
-            elif st is None or st in SKIP_STATES:
-                out["skipped"].append(dict(m, state=st, action="skip",
-                                           reason="already %s" % st if st else "gone while launching (not found)"))
-            elif st == "stopping":
-                waiting.append(dict(m, state=st))
-            else:
+            elif st == "running":  # launched: now it can be stopped
                 ask(m)
-                waiting.append(dict(m, state=st))
-        launching = left
-        if not launching:
-            break
-        remaining = deadline - clock()
-        if remaining <= 0:
-            also = (" (stop already asked of %s)" % ", ".join(asked)) if asked else ""
-            raise StopError("%s still launching ('pending') %gs after the stop began: StopInstances cannot stop it yet; "
-                            "nothing applied%s: run again once it runs, or raise the stop timeout"
-                            % ("; ".join(_label(m) for m in launching), float(timeout), also))
-        sleep(min(float(interval), remaining))
-    pending = [m for m in todo if m["state"] != "pending"] + waiting
-    while pending:
-        left = []
-        for m in pending:
-            try:
-                st = _state_of(ec2, m["instance_id"])
-            except Exception as exc:  # pylint: disable=broad-except
-                raise StopError("%s: cannot read its EC2 state while waiting for it to stop: %s; nothing applied"
-                                % (_label(m), aws.error_text(exc)))
-            if st == "stopped":
-                out["stopped"].append(dict(m, state=st))
-            elif st is None or st in ("terminated", "shutting-down"):
-                out["skipped"].append(dict(m, state=st, action="skip",
-                                           reason="gone while stopping (%s)" % (st or "not found")))
-            else:
                 left.append(dict(m, state=st))
-        pending = left
-        if not pending:
+            elif st == "stopped" and not launching:
+                out["stopped"].append(dict(m, state=st))
+            else:  # stopped or gone by other hands: nothing of ours to wait for
+                out["skipped"].append(dict(m, state=st, action="skip", reason=(
+                    ("already %s" % st if st else "gone while launching (not found)") if launching
+                    else "gone while stopping (%s)" % (st or "not found"))))
+        waiting = left
+        if not waiting:
             break
         remaining = deadline - clock()
         if remaining <= 0:
+            still = [m for m in waiting if m["state"] == "pending"]
+            if still:
+                also = (" (stop already asked of %s)" % ", ".join(asked)) if asked else ""
+                raise StopError("%s still launching ('pending') %gs after the stop began: StopInstances cannot stop it "
+                                "yet; nothing applied%s: run again once it runs, or raise the stop timeout"
+                                % ("; ".join(_label(m) for m in still), float(timeout), also))
             raise StopError("%s did not reach 'stopped' within %gs of StopInstances; nothing applied: run again once "
                             "it is stopped, or raise the stop timeout"
-                            % ("; ".join("%s (EC2 says %s)" % (_label(m), m["state"]) for m in pending), float(timeout)))
+                            % ("; ".join("%s (EC2 says %s)" % (_label(m), m["state"]) for m in waiting), float(timeout)))
         sleep(min(float(interval), remaining))
     return out
 
