@@ -101,11 +101,12 @@ def _write_and_prepare(tree: Any, plans: List[RootPlan], ahead: List[RootPlan], 
         # runs in every prepared root): piping 1000s of files through `terraform fmt` here
         # cost ~2 s at 1,000 instances.
         files = dict(p.files)
-        res = compare(directory, files, want_diff)
+        seen: Dict[str, Any] = {}
+        res = compare(directory, files, want_diff, seen)
         changed = changed or res.changed
         diffs.extend(res.diff)
         if res.changed and not check_mode:
-            was = before(directory, files)
+            was = before(directory, files, seen)  # what compare read of the root, not read again
             write_root(directory, files)  # puts its own root back when it fails
             written.append(was)
         results.append((p, res))

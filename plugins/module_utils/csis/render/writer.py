@@ -76,11 +76,19 @@ def manifest_text(files: Mapping[str, str]) -> str:
     return json.dumps({"generated_by": "csis.infra", "files": sorted(files)}, indent=1, sort_keys=True) + "\n"
 
 
-def compare(directory: str, files: Mapping[str, str], want_diff: bool) -> EmitResult:
+def compare(directory: str, files: Mapping[str, str], want_diff: bool,
+            seen: Optional[Dict[str, Optional[str]]] = None) -> EmitResult:
+    """How ``files`` differ from what ``directory`` holds. ``seen`` (filled when given): each
+    file read here, by name (None: not there), and the manifest's names under ``MANIFEST``'s own
+    key as a list, for :func:`before` to take instead of reading them again."""
     old_files = _manifest(directory)
+    if seen is not None:
+        seen[MANIFEST + "/names"] = old_files  # type: ignore[assignment]
     res = EmitResult(directory=directory, changed=False)
     for n in sorted(files):
         cur = _read(os.path.join(directory, n))
+        if seen is not None:
+            seen[n] = cur
         if cur is None:
             res.added.append(n)
         elif cur != files[n]:
@@ -173,13 +181,17 @@ class Before:
     kept: str
 
 
-def before(directory: str, files: Mapping[str, str]) -> Before:
-    """What :func:`write_root` of ``files`` is about to replace in ``directory``."""
-    names = set(files) | set(_manifest(directory)) | {MANIFEST}
+def before(directory: str, files: Mapping[str, str], seen: Optional[Mapping[str, Any]] = None) -> Before:
+    """What :func:`write_root` of ``files`` is about to replace in ``directory``; ``seen``: what
+    :func:`compare` read of it just before (not read again)."""
+    seen = seen or {}
+    listed = seen.get(MANIFEST + "/names")
+    names = set(files) | set(listed if listed is not None else _manifest(directory)) | {MANIFEST}
     kept = os.path.dirname(directory.rstrip("/"))
     while kept and not os.path.isdir(kept) and os.path.dirname(kept) != kept:
         kept = os.path.dirname(kept)
-    return Before(directory, os.path.isdir(directory), {n: _read(os.path.join(directory, n)) for n in names}, kept)
+    return Before(directory, os.path.isdir(directory),
+                  {n: seen[n] if n in seen else _read(os.path.join(directory, n)) for n in names}, kept)
 
 
 def restore(was: Before) -> None:
