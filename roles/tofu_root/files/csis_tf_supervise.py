@@ -38,15 +38,29 @@ found it, ``csis_run_lock``). Also read from the environment:
 * ``CSIS_TF_LOG``: the output of ``apply`` (or ``destroy``) is copied, line by line as it
   comes, to this file (``tail -f`` it to follow a long apply); stdout and stderr still reach
   the caller whole.
+* ``CSIS_TF_PUSH_WAIT`` (seconds, 120; 0: never): when an ``apply`` (or ``destroy``) failed and
+  left ``errored.tfstate`` (terraform changed reality but the backend did not take the new
+  state), the file is pushed to the backend (``state push``, terraform's own advice), again and
+  again for up to that long while the backend refuses it, and removed once it is in. An AWX
+  job's container goes with the job, and the file with it: pushed here, what the apply did is in
+  the state the next plan reads. A state lock the failed apply itself left (this user on this
+  host, an apply begun after this supervisor started it) is released first (``force-unlock``).
+  The exit status stays the apply's (it failed); stderr says what became of the state. A push
+  that never succeeds leaves the file: the next plan of the root is refused until it is pushed
+  (``csis_plan``).
 
 terraform runs in a process group of its own: Ansible's async timeout kills the module's
 process group with SIGKILL, which must reach the supervisor (terraform then gets its one
 SIGINT from PR_SET_PDEATHSIG), never terraform itself.
 """
+import calendar
 import ctypes
 import ctypes.util
 import os
+import pwd
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -54,6 +68,10 @@ import time
 
 POLL = 0.5
 PR_SET_PDEATHSIG = 1
+ERRORED = "errored.tfstate"
+# terraform's "Lock Info:" block of a refused lock (statemgr.LockInfo.String)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # `state push` has no -no-color
+LOCK_FIELD = re.compile(r"^\s*(ID|Operation|Who|Created):[ \t]*(\S.*?)[ \t]*$", re.M)
 
 
 def _note(msg):
@@ -149,6 +167,96 @@ def _number(name, default):
     return max(0.0, value)
 
 
+def _own_lock(out, started):
+    """The lock's ID when terraform's refusal of a state lock (``out``) names one the failed apply
+    left: taken for an apply (a destroy is one too) by this user on this host (terraform's
+    ``user@host``) no earlier than ``started`` (epoch seconds, when this supervisor started
+    terraform). None otherwise: someone else's lock is never released here."""
+    fields = dict(LOCK_FIELD.findall("\n".join(line.strip().lstrip("\u2502") for line in out.splitlines())))
+    if not fields.get("ID") or fields.get("Operation") != "OperationTypeApply":
+        return None
+    try:
+        me = "%s@%s" % (pwd.getpwuid(os.getuid()).pw_name, socket.gethostname())
+    except KeyError:
+        return None
+    if fields.get("Who") != me:
+        return None
+    try:  # Go's time.String() of a UTC time: "2026-12-07 13:50:01.123456789 +0000 UTC"
+        created = calendar.timegm(time.strptime(fields.get("Created", "")[:19], "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+    return fields["ID"] if created >= int(started) - 1 else None
+
+
+def _last_error(out):
+    """terraform's error on one line, from its first ``Error``, without its box drawing and the CLI
+    configuration's warnings: at most 400 characters."""
+    lines = [line.strip().strip("\u2577\u2502\u2575").strip() for line in out.splitlines()]
+    first = next((i for i, line in enumerate(lines) if "Error" in line or "error" in line), 0)
+    text = " ".join(" ".join(lines[first:]).split())
+    text = re.sub(r"RequestID: \S*,? HostID: \S*,? ", "", text)  # the endpoint's ids: noise here
+    return (text[:400] + (" ..." if len(text) > 400 else "")) or "no output"
+
+
+def push_errored_state(binary, started, budget, note, sleep=time.sleep):
+    """Push the ``errored.tfstate`` a failed apply left in the working directory to the backend
+    (``state push``, again for up to ``budget`` seconds while it is refused), then remove it.
+
+    ``started`` is the epoch time terraform was started: an older file is not this apply's
+    (``csis_plan`` refuses the root before its plan; it is left alone here). ``note`` takes each
+    line to report. Returns True (pushed), False (not pushed: the file stays, the next plan is
+    refused with the command) or None (no file of this apply)."""
+    path = os.path.abspath(ERRORED)
+    try:
+        if os.stat(path).st_mtime < started - 1:
+            return None
+    except OSError:
+        return None
+    later = "the next plan of this root is refused until it is pushed: %s -chdir=%s state push %s, then remove it" % (
+        os.path.basename(binary), os.path.dirname(path), ERRORED)
+    if budget <= 0:
+        note("terraform could not save the apply's state in the backend and wrote it to %s; not pushed "
+             "(CSIS_TF_PUSH_WAIT=0): %s" % (path, later))
+        return False
+    deadline = time.monotonic() + budget
+    attempt, delay, released, last = 0, 5.0, False, ""
+    while True:
+        attempt += 1
+        try:  # bounded: a hung endpoint must not hold the job past its budget (an S3 write is whole or absent)
+            res = subprocess.run([binary, "state", "push", "-lock-timeout=0s", ERRORED],  # pylint: disable=subprocess-run-check
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 timeout=max(60.0, deadline - time.monotonic()))
+            rc, out = res.returncode, ANSI.sub("", res.stdout.decode("utf-8", "replace"))
+        except subprocess.TimeoutExpired:
+            rc, out = 1, "Error: terraform state push did not finish before the time for the push was up"
+        if rc == 0:
+            os.unlink(path)
+            note("terraform could not save the apply's state in the backend and wrote it to %s: pushed to the "
+                 "backend (attempt %d) and removed; the state the next plan reads holds what the apply did"
+                 % (path, attempt))
+            return True
+        last = _last_error(out)
+        lock_id = None if released else _own_lock(out, started)
+        if lock_id:
+            released = True
+            unlock = subprocess.run([binary, "force-unlock", "-force", lock_id],  # pylint: disable=subprocess-run-check
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            note("the state lock %s the failed apply left (taken by this run's own apply, which has exited): %s"
+                 % (lock_id, "released" if unlock.returncode == 0
+                    else "not released: %s" % _last_error(ANSI.sub("", unlock.stdout.decode("utf-8", "replace")))))
+            if unlock.returncode == 0:
+                continue
+        if time.monotonic() + delay >= deadline:
+            break
+        note("pushing %s to the backend failed (attempt %d%s); again in %d s"
+             % (ERRORED, attempt, ": %s" % last if attempt == 1 else "", delay))
+        sleep(delay)
+        delay = min(delay * 2, 30.0)
+    note("terraform could not save the apply's state in the backend and wrote it to %s; pushing it failed %d time(s) "
+         "within %d s (CSIS_TF_PUSH_WAIT; the last: %s): %s" % (path, attempt, budget, last, later))
+    return False
+
+
 def _child_setup():
     os.setpgid(0, 0)
     _pdeathsig()
@@ -182,7 +290,8 @@ def main(argv):
     timeout = _number("CSIS_TF_TIMEOUT", 0)
     grace = _number("CSIS_TF_GRACE", 300)
     # the apply's output only (the module's other calls around it do not come here or are not logged)
-    log_path = (os.environ.get("CSIS_TF_LOG") or "") if argv[:1] in (["apply"], ["destroy"]) else ""
+    applying = argv[:1] in (["apply"], ["destroy"])
+    log_path = (os.environ.get("CSIS_TF_LOG") or "") if applying else ""
     state = {"stopping": None, "killed": False}
     proc = None
 
@@ -212,7 +321,7 @@ def main(argv):
         except OSError as exc:
             _note("cannot write the log %s: %s" % (log_path, exc))
             log = None
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     try:
         proc = subprocess.Popen([binary] + argv, preexec_fn=_child_setup,  # pylint: disable=subprocess-popen-preexec-fn
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -251,6 +360,18 @@ def main(argv):
         _note("%s exited with %d after the stop (%s)" % (os.path.basename(binary), rc, state["stopping"][0]))
         if rc == 0:
             rc = 1  # stopped early: never report a finished run
+    if rc != 0 and applying:
+        # an apply (or destroy) that failed: the state it could not save goes to the backend now,
+        # while this process still runs where terraform wrote it (an AWX job's container goes next)
+        def report(msg):
+            _note(msg)
+            if log is not None:
+                try:
+                    log.write(("csis-tf-supervise: %s\n" % msg).encode("utf-8"))
+                    log.flush()
+                except (OSError, ValueError):
+                    pass
+        push_errored_state(binary, started_wall, _number("CSIS_TF_PUSH_WAIT", 120), report)
     if log is not None:
         log.close()
     return 128 - rc if rc < 0 else rc

@@ -10,6 +10,10 @@ would create again what the apply created (or miss what it destroyed). A root ho
 such a file is therefore refused before its plan, with what to do:
 ``<binary> -chdir=<root> state push errored.tfstate``, then remove the file.
 
+The role's apply runs under csis-tf-supervise, which pushes the file itself right after the
+failed apply (``CSIS_TF_PUSH_WAIT``, the role's ``csis_state_push_wait``): a root holds one only
+when that push failed too, or for an apply run outside the role.
+
 Plain Python: importable without Ansible.
 """
 from __future__ import annotations
