@@ -23,7 +23,8 @@ description:
     - O(pinned), when given (the digest the plan job published and AWX passed on as
     C(csis_approved_plans)), equals O(plan_digest) (C(the plan differs from the one approved in
     the plan job)); with O(require_receipt) the store holds a plan job's receipt for O(plan_digest)
-    (a bare digest passed as an extra var approves nothing); with O(distinct_approver) the approver
+    (a bare digest passed as an extra var approves nothing) and, with O(receipt_max_age), is no older than
+    that (C(a plan job receipted this plan ... ago, and approvals.receipt_max_age is ...)); with O(distinct_approver) the approver
     O(by) is named and none of the receipt's C(requesters), a receipt without any (only plan jobs
     AWX passed no C(awx_user_name)) is refused, and a V(prompt) or V(auto-approve) run, where one
     person is both, is refused. Then it appends the approval (approver, time, O(method), O(job),
@@ -70,6 +71,15 @@ options:
     description: The approver must differ from the requester (the tree's C(approvals.distinct_approver)).
     type: bool
     default: false
+  receipt_max_age:
+    description:
+      - >-
+        The tree's C(approvals.receipt_max_age) (V(8h), V(1d): a number and one of s, m, h, d, w). With
+        O(require_receipt), a receipt older than that (its C(requested_at): the last plan job that gated the
+        same plan) is refused, and so is one whose time cannot be read. V('') (the default) lets receipts
+        stand however old.
+    type: str
+    default: ''
   summary:
     description: The gate's one-line summary, kept in the receipt.
     type: str
@@ -143,6 +153,7 @@ where:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import approvals
+from ansible_collections.csis.infra.plugins.module_utils.csis.clock import parse_duration
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
 
 
@@ -154,9 +165,16 @@ def _run(module, p):
                                     requested_by=p["by"] or None, **common)
         # a real run always writes the receipt (the approval's record): check mode says it would
         return dict(changed=True, receipt=receipt, where=approvals.where_of(p["config_root"], p["root"]))
+    max_age = None
+    if p["receipt_max_age"]:
+        try:
+            max_age = parse_duration(p["receipt_max_age"])
+        except ValueError as exc:
+            raise approvals.ApprovalRefused("receipt_max_age: %s" % exc) from None
     res = approvals.approve(p["config_root"], p["root"], p["plan_digest"], method=p["method"], approved_by=p["by"] or None,
                             pinned=p["pinned"], require_receipt=p["require_receipt"],
-                            distinct_approver=p["distinct_approver"], summary=p["summary"], **common)
+                            distinct_approver=p["distinct_approver"], summary=p["summary"],
+                            max_age=max_age, max_age_text=p["receipt_max_age"], **common)
     return dict(changed=True, **res)
 
 
@@ -167,6 +185,7 @@ RUN = ModuleRun(_run, argument_spec(
     by=dict(type="str", default=""), method=dict(type="str", default="awx", choices=list(approvals.METHODS)),
     pinned=dict(type="str"), require_receipt=dict(type="bool", default=True),
     distinct_approver=dict(type="bool", default=False), summary=dict(type="str", default=""),
+    receipt_max_age=dict(type="str", default=""),
     job=dict(type="str", default=""), workflow=dict(type="str", default=""),
     lifecycle=dict(type="str", default=""), run_id=dict(type="str", default=""),
 ), requires=("PyYAML",), failure=dict(changed=False), options=dict(supports_check_mode=True))

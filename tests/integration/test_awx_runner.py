@@ -29,6 +29,7 @@ that the requester launched, refuses; the applying one records who approved. See
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -69,9 +70,10 @@ def _project_repository(parent, key, endpoint_url):
     repo = e2e.make_ebs_tree(parent, key, name="tree-repo")
     shutil.copytree(PROJECT_TEMPLATE, repo, dirs_exist_ok=True)
     declare_s3_store(repo, endpoint_url, "awx/%s" % key)
-    # the two-person rule: the apply job's launcher must not be the plan job's requester
+    # the two-person rule: the apply job's launcher must not be the plan job's requester; and
+    # a receipt older than 8 hours approves nothing
     with open(os.path.join(repo, "cfg", "_config.yml"), "a", encoding="utf-8") as fh:
-        fh.write("approvals:\n  distinct_approver: true\n")
+        fh.write("approvals:\n  distinct_approver: true\n  receipt_max_age: 8h\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "the configuration tree")
@@ -209,6 +211,23 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
             tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), kept)
     assert r.status == "failed", out[-4000:]
     assert "%s: no plan job receipted this plan" % ROOT_KEY in out, out[-4000:]
+    assert not _storages(root)
+
+    # 3b. approvals.receipt_max_age (8h): a receipt from two days ago (an approval node denied
+    #     then, the digest applied by hand now) approves nothing
+    aged = copy.deepcopy(kept)
+    aged["plans"][approved[ROOT_KEY]]["requested_at"] = "2000-01-01T00:00:00Z"
+    with ms_b.transaction("test: the receipt aged") as tx:
+        tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), aged)
+    try:
+        r, out, _pdd = _job(pdd_b, "apply-aged", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
+    finally:
+        with ms_b.transaction("test: the receipt back") as tx:
+            tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), kept)
+    assert r.status == "failed", out[-4000:]
+    flat = " ".join(out.split())
+    assert "at 2000-01-01T00:00:00Z," in flat and "and approvals.receipt_max_age is 8h (cfg/_config.yml)" in flat, out[-4000:]
+    assert "Apply exactly that plan file" not in out
     assert not _storages(root)
 
     # 4. approvals.distinct_approver: the requester cannot apply her own plan

@@ -247,3 +247,45 @@ def test_a_plan_job_awx_passed_no_name_is_no_requester_the_two_person_rule_can_c
     approvals.request(tree, "storage-aws-ebs", D2, job="43")
     assert approvals.approve(tree, "storage-aws-ebs", D2, method="awx", approved_by="bob", pinned=D2)["receipt"][
         "requested_by"] == "runner"
+
+
+def test_a_receipt_past_receipt_max_age_is_refused_and_a_new_plan_job_refreshes_it(tree, monkeypatch):
+    """approvals.receipt_max_age: an apply job refuses a receipt older than that (the plan's approval
+    node denied long ago, the digest applied by hand later); a plan job that gates the same plan
+    again refreshes it. Terminal runs write their receipt as they approve: no age to check."""
+    monkeypatch.setattr(approvals, "now_iso", lambda: "2026-12-01T10:00:00Z")
+    approvals.request(tree, "storage-aws-ebs", D1, requested_by="alice", job="41")
+    monkeypatch.setattr(approvals, "now_iso", lambda: "2026-12-01T17:59:59Z")
+    res = approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1,
+                            max_age=8 * 3600, max_age_text="8h", check_mode=True)
+    assert res["receipt"]["requested_by"] == "alice"
+    monkeypatch.setattr(approvals, "now_iso", lambda: "2026-12-02T12:30:00Z")
+    before = approvals.receipts_of(tree, "storage-aws-ebs")
+    with pytest.raises(approvals.ApprovalRefused) as exc:
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1,
+                          max_age=8 * 3600, max_age_text="8h")
+    assert str(exc.value) == (
+        "storage-aws-ebs: a plan job receipted this plan (aaaaaaaaaaaa) at 2026-12-01T10:00:00Z, 26 h 30 min ago, "
+        "and approvals.receipt_max_age is 8h (cfg/_config.yml): an approval that old is not applied. Run the "
+        "workflow from its plan job again (a plan job that gates the same plan refreshes its receipt); not applying")
+    assert approvals.receipts_of(tree, "storage-aws-ebs") == before          # a refusal writes nothing
+    # without the setting, the same receipt stands
+    approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1, check_mode=True)
+    # a plan job gates the same plan again: the receipt is fresh
+    approvals.request(tree, "storage-aws-ebs", D1, requested_by="carol", job="52")
+    res = approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1,
+                            max_age=8 * 3600, max_age_text="8h")
+    assert res["receipt"]["requested_at"] == "2026-12-02T12:30:00Z" and res["receipt"]["approvals"][-1]["approved_by"] == "bob"
+    # a terminal run: its own receipt, written now
+    approvals.approve(tree, "storage-aws-ebs", D2, method="auto-approve", require_receipt=False, max_age=60)
+
+
+def test_a_receipt_whose_time_cannot_be_read_is_refused_under_receipt_max_age(tree):
+    approvals.request(tree, "storage-aws-ebs", D1, requested_by="alice")
+    ms = MetaState(tree)
+    with ms.transaction(what="test") as tx:
+        rec = tx.load_record(approvals.RECEIPTS, approvals.receipt_key("storage-aws-ebs"))
+        rec["plans"][D1]["requested_at"] = "yesterday"
+        tx.save_record(approvals.RECEIPTS, approvals.receipt_key("storage-aws-ebs"), rec)
+    with pytest.raises(approvals.ApprovalRefused, match=r"has no readable requested_at \('yesterday'\)"):
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1, max_age=3600)

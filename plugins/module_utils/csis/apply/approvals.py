@@ -29,6 +29,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional
 
+from .. import clock
 from ..config.names import NAME_RE
 from ..errors import CsisError
 from ..state.backends import now_iso
@@ -156,16 +157,36 @@ def _unnamed(receipt: Mapping[str, Any]) -> List[str]:
     return [u for u in receipt.get("unnamed_requesters") or [] if isinstance(u, str) and u]
 
 
+def _check_age(root_key: str, digest: str, receipt: Mapping[str, Any], max_age: int, max_age_text: str,
+               where: str) -> None:
+    """Refuse a receipt older than ``max_age`` seconds, or one whose time cannot be read."""
+    what = "approvals.receipt_max_age is %s (cfg/_config.yml)" % (max_age_text or "%d s" % max_age)
+    then = clock.parse(receipt.get("requested_at"))
+    if then is None:
+        raise ApprovalRefused("%s: %s, and the receipt of this plan (%s) in %s has no readable requested_at (%r); "
+                              "run the workflow from its plan job again; not applying"
+                              % (root_key, what, _short(digest), where, receipt.get("requested_at")))
+    age = (clock.parse(now_iso()) - then).total_seconds()  # type: ignore[operator]
+    if age > max_age:
+        raise ApprovalRefused(
+            "%s: a plan job receipted this plan (%s) at %s, %s ago, and %s: an approval that old is not applied. "
+            "Run the workflow from its plan job again (a plan job that gates the same plan refreshes its receipt); "
+            "not applying" % (root_key, _short(digest), receipt.get("requested_at"), clock.age_text(age), what))
+
+
 def approve(config_root: str, root_key: str, digest: str, *, method: str, approved_by: Optional[str] = None,
             pinned: Optional[str] = None, require_receipt: bool = True, distinct_approver: bool = False,
             job: Optional[str] = None, workflow: Optional[str] = None, run_id: Optional[str] = None,
-            lifecycle: Optional[str] = None, summary: str = "", check_mode: bool = False) -> Dict[str, Any]:
+            lifecycle: Optional[str] = None, summary: str = "", check_mode: bool = False,
+            max_age: Optional[int] = None, max_age_text: str = "") -> Dict[str, Any]:
     """Check that ``digest`` may be applied and record who approved it; raise
     :class:`ApprovalRefused` otherwise. Returns ``{"receipt", "approval"}``.
 
     ``pinned``: the digest the plan job published and AWX passed on (``csis_approved_plans``;
     None: not an AWX apply job). ``require_receipt``: the store must hold a plan job's receipt
     for ``digest`` (AWX apply jobs); without it (terminal runs) the receipt is written here.
+    ``max_age`` (seconds; ``approvals.receipt_max_age``, as written: ``max_age_text``): that
+    receipt must be younger (its ``requested_at``: the last plan job that gated the same plan).
     """
     if method not in METHODS:
         raise ApprovalRefused("%s: approval method %r is not one of %s" % (root_key, method, ", ".join(METHODS)))
@@ -186,6 +207,8 @@ def approve(config_root: str, root_key: str, digest: str, *, method: str, approv
                 "%s: no plan job receipted this plan (%s): %s holds no receipt for it. An apply job applies only a "
                 "plan that a plan job of this tree gated and receipted in the meta-state store (an extra var alone "
                 "approves nothing); run the workflow from its plan job; not applying" % (root_key, _short(digest), where))
+        if receipt is not None and require_receipt and max_age:
+            _check_age(root_key, digest, receipt, max_age, max_age_text, where)
         out = dict(receipt or {"requested_by": approver, "requested_at": approval["approved_at"], "run": run_id,
                                "lifecycle": lifecycle, "summary": summary})
         out = {k: v for k, v in out.items() if v not in (None, "")}

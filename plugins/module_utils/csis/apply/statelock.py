@@ -27,7 +27,7 @@ import os
 import socket
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .. import aws, procs, terraform
+from .. import aws, clock, procs, terraform
 from ..tfstate import backend_of, s3_state_key
 from ..errors import CsisError, printable
 from ..state.backends import object_age
@@ -176,22 +176,9 @@ def live_holders(backend: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return found
 
 
-def _age_text(seconds: float) -> str:
-    """``seconds`` as a person reads a lock's age: 45 s, 12 min, 3 h 05 min, 2 d 04 h."""
-    whole = max(0, int(seconds))
-    if whole < 120:
-        return "%d s" % whole
-    minutes, hours = whole // 60, whole // 3600
-    if hours < 2:
-        return "%d min" % minutes
-    if hours < 48:
-        return "%d h %02d min" % (hours, minutes % 60)
-    return "%d d %02d h" % (hours // 24, hours % 24)
-
-
 def _describe(info: Mapping[str, Any]) -> str:
     age = info.get("lock_age")
-    written = ", written %s ago by the store's clock" % _age_text(age) if age is not None else ""  # read_lock's alone
+    written = ", written %s ago by the store's clock" % clock.age_text(age) if age is not None else ""  # read_lock's alone
     return ("%s is locked by %s since %s (operation %s, lock ID %s%s)"
             % (info.get("Path") or info.get("lock_object"), info.get("Who") or "?", info.get("Created") or "?",
                info.get("Operation") or "?", info.get("ID") or "?", written))

@@ -15,6 +15,8 @@ import unicodedata
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from . import secrets
+# m.parse_duration for validate and instance_roots: the one parser is clock's
+from ..clock import parse_duration  # noqa: F401 pylint: disable=unused-import
 
 try:
     # ValidationError: for loader.py, which shares this guard
@@ -55,7 +57,6 @@ from .names import (MOUNT_POINT_RE, NAME_RE, SSH_PATH_RE, SSH_USER_RE, archive_s
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]\Z")
-DURATION_RE = re.compile(r"^(\d+)\s*([smhdw])\Z")
 TAG_KEY_MAX = 128
 TAG_VALUE_MAX = 256
 
@@ -151,14 +152,6 @@ def bucket_for(storage: Any, builder: Any) -> str:
     """The bucket of an S3 storage (the manual's one rule): its own ``bucket_name``, else its
     builder's ``bucket_name`` (the default bucket of the builder's storages), else its name."""
     return storage.bucket_name or getattr(builder, "bucket_name", None) or storage.name
-
-
-def parse_duration(value: str) -> int:
-    """'30m', '2h', '1d' -> seconds. Raises ValueError."""
-    m = DURATION_RE.match(value.strip()) if isinstance(value, str) else None
-    if not m or int(m.group(1)) <= 0:
-        raise ValueError("duration %r must look like '30m', '2h', '1d' or '1w' (a positive number and a unit)" % (value,))
-    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
 
 
 def check_bucket(v: str, what: str) -> str:
@@ -350,6 +343,16 @@ class ApprovalsSetting(Strict):
     #: the apply job's launcher must differ from the plan job's requester (both as AWX passes
     #: them, ``awx_user_name``); a terminal run, where one person is both, is refused
     distinct_approver: bool = False
+    #: an apply job refuses a receipt older than this ('8h', '1d'): the plan job that gated the
+    #: plan (the last one to gate the same digest) ran longer ago; None: receipts do not expire
+    receipt_max_age: Optional[str] = None
+
+    @field_validator("receipt_max_age")
+    @classmethod
+    def _max_age(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            parse_duration(v)
+        return v
 
 
 class WorkspaceSetting(Strict):
