@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .. import aws, clock, procs, terraform
 from ..tfstate import backend_of, s3_state_key
 from ..errors import CsisError, printable
-from ..state.backends import object_age
+from ..state.backends import AWX_JOB_ID_VARIABLES, first_set, object_age
 from .errored import check_errored_state
 
 __all__ = ["StateLockError", "backend_of", "lock_key", "read_lock", "live_holders", "may_hold_lock",
@@ -184,9 +184,6 @@ def _describe(info: Mapping[str, Any]) -> str:
                info.get("Operation") or "?", info.get("ID") or "?", written))
 
 
-#: the environment that says this run is an AWX job (the playbooks set the first from ``awx_job_id``)
-AWX_JOB_VARIABLES = ("CSIS_AWX_JOB_ID", "AWX_JOB_ID")
-
 #: how a refusal tells the operator to name a lock (``{id}``): the run variable the tofu_root role passes
 CONFIRM_BY_RUN_VARIABLE = ("run again with -e csis_force_unlock={id} (from AWX: the workflow's survey question "
                            "'Release a state lock')")
@@ -240,7 +237,7 @@ def check_and_release(root: str, binary: str = "terraform", release: bool = True
     if info.get("Who") != local_who():
         raise StateLockError("STATE LOCKED: %s, a run on another machine (or user). It may still be "
                              "running: wait for it; %s" % (what, procedure))
-    awx_job = next((v for v in ((os.environ.get(n) or "").strip() for n in AWX_JOB_VARIABLES) if v), "")
+    awx_job = first_set(AWX_JOB_ID_VARIABLES)
     if awx_job:
         # an AWX job's container sees its own processes, not its execution node's: another job's
         # container can share the host name (host networking) while its terraform is invisible here

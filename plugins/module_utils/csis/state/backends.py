@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .. import aws
 from ..errors import CsisError
@@ -178,23 +178,34 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: the environment that says a run is an AWX job (the playbooks set the first from ``awx_job_id``).
+#: :func:`who` also reads ``JOB_ID`` for attribution; whatever decides that a run is an AWX job
+#: must not: other schedulers set it too
+AWX_JOB_ID_VARIABLES = ("CSIS_AWX_JOB_ID", "AWX_JOB_ID")
+
+
+def first_set(names: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> str:
+    """The value of the first environment variable of ``names`` set to more than blanks, stripped;
+    ``''`` when none is."""
+    env = os.environ if environ is None else environ
+    return next((v for v in ((env.get(name) or "").strip() for name in names) if v), "")
+
+
 def who(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Who writes: the OS user and host, and AWX's user, job and workflow job when the run
     passed them (``CSIS_AWX_USER_NAME``/``AWX_USER_NAME``, ``CSIS_AWX_JOB_ID``/``AWX_JOB_ID``/``JOB_ID``,
     ``CSIS_AWX_WORKFLOW_JOB_ID``/``AWX_WORKFLOW_JOB_ID``)."""
-    env = os.environ if environ is None else environ
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
     out: Dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid(), "run_id": RUN_ID}
     for key, names in (("awx_user_name", ("CSIS_AWX_USER_NAME", "AWX_USER_NAME")),
-                       ("awx_job_id", ("CSIS_AWX_JOB_ID", "AWX_JOB_ID", "JOB_ID")),
+                       ("awx_job_id", AWX_JOB_ID_VARIABLES + ("JOB_ID",)),
                        ("awx_workflow_job_id", ("CSIS_AWX_WORKFLOW_JOB_ID", "AWX_WORKFLOW_JOB_ID"))):
-        for name in names:
-            if (env.get(name) or "").strip():
-                out[key] = env[name].strip()
-                break
+        value = first_set(names, environ)
+        if value:
+            out[key] = value
     return out
 
 
