@@ -102,5 +102,40 @@ def test_a_volume_holding_a_filesystem_is_mounted_with_its_own_type(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert calls == "" and "FSTYPE=ext4" in proc.stdout
     assert fstab == ("LABEL=root / xfs defaults 0 0\n/dev/sdy /mnt/data1 xfs defaults 0 2\n"
-                     "UUID=%s /mnt/data ext4 defaults,nofail 0 2\n" % uuid)
+                     "UUID=%s /mnt/data ext4 defaults,nofail,x-systemd.before=local-fs.target 0 2\n" % uuid)
     assert not (tmp_path / "fstab.csis-launch").exists()
+
+
+GENERATOR = "/usr/lib/systemd/system-generators/systemd-fstab-generator"
+
+
+@pytest.mark.skipif(not os.access(GENERATOR, os.X_OK), reason="systemd's fstab generator is not installed")
+def test_systemd_orders_the_volume_s_mount_before_local_filesystems_and_boots_without_it(tmp_path):
+    """What systemd makes of the volume's fstab line at a later boot (its real fstab generator on
+    the line the script writes): the mount is ordered before local-fs.target, so services, which
+    start after it, never write into the bare mount point on the root disk while the volume is
+    still to be mounted; and it is only wanted, not required, by local-fs.target (nofail): a
+    volume missing at boot does not stop the boot. Without x-systemd.before the generator leaves a
+    nofail mount unordered (the line the script wrote before)."""
+    img = _image(tmp_path, "blank-for-uuid.img")
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=False, capture_output=True,
+                   env=dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"))
+    proc, _calls, fstab = _run(tmp_path, img)
+    line = fstab.strip()
+    if proc.returncode != 0:  # no mkfs.ext4 here: the line as the script writes it, with a UUID
+        line = 'UUID=0b3e6f3c-1111-2222-3333-444455556666 /mnt/data xfs %s 0 2' % _lines().split(
+            "/mnt/data $FSTYPE ", 1)[1].split(" ", 1)[0]
+    old = "UUID=0b3e6f3c-1111-2222-3333-444455556667 /mnt/old xfs defaults,nofail 0 2"
+    (tmp_path / "boot-fstab").write_text(line + "\n" + old + "\n", encoding="utf-8")
+    out = tmp_path / "units"
+    out.mkdir()
+    gen = subprocess.run([GENERATOR, str(out), str(out), str(out)], capture_output=True, text=True, timeout=60,
+                         check=False, env=dict(os.environ, SYSTEMD_FSTAB=str(tmp_path / "boot-fstab"),
+                                               SYSTEMD_PROC_CMDLINE="", SYSTEMD_IN_INITRD="0"))
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    unit = (out / "mnt-data.mount").read_text(encoding="utf-8").splitlines()
+    assert "Before=local-fs.target" in unit and "Where=/mnt/data" in unit, unit
+    assert (out / "local-fs.target.wants" / "mnt-data.mount").exists()
+    assert not (out / "local-fs.target.requires").exists()
+    # the old line: a nofail mount systemd does not order before the local file systems
+    assert "Before=local-fs.target" not in (out / "mnt-old.mount").read_text(encoding="utf-8").splitlines()

@@ -263,3 +263,25 @@ def test_sizes_past_the_edges_are_refused(example):
     assert [(p.key, p.message) for p in err.value.problems] == [
         ("storage_builders[1] (aws-ebs).size",
          "storage builder 'aws-ebs': size 16385 GiB is outside what AWS takes for volume_type gp2: 1 to 16384 GiB")]
+
+
+def test_a_hostname_too_long_is_refused_for_a_machine_to_launch_not_for_one_standing(example):
+    """A machine still to be launched whose canonical hostname (<name>-NNN) is over 63 characters is
+    refused (the launch could not set it); one launched with it keeps it: a standing machine is
+    never refused for the name it runs under."""
+    import yaml
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params
+
+    long_name = "b" * 60
+    corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.1.name": long_name}})
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    [problem] = err.value.problems
+    assert problem.key == "instances[1] (%s).name" % long_name and "would be 64 characters" in problem.message
+    tree = load_tree(example)
+    params = dict(compute_launch_params(tree, {}, tree.instances[long_name], replacing=False, user_data=False),
+                  launched=True, run="r1", launched_run="r1")
+    os.makedirs(os.path.join(example, "meta-state"), exist_ok=True)
+    with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump({"instances": {long_name: params}}, fh, sort_keys=False)
+    load_and_validate(example, run_version=corpus.version_stub({}))

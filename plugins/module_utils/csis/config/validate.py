@@ -15,7 +15,8 @@ import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..errors import ConfigError, Problem
-from ..render.launch import EBS_DEVICES, compute_launch_params, immutability_problems, pending_replacement, user_data_template
+from ..render.launch import (EBS_DEVICES, HOSTNAME_MAX, canonical_hostname, compute_launch_params, immutability_problems,
+                             pending_replacement, user_data_template)
 from ..state.aliases import POOL as ALIAS_POOL
 from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
@@ -827,6 +828,24 @@ class Validation:
         return not any(s.name not in self.t.storages or self.t.storage_builder_for(self.t.storages[s.name]) is None
                        for s in inst.storages)
 
+    def hostnames(self) -> None:
+        """The canonical hostname (``<name>-NNN``) of a machine still to be launched (not launched
+        yet, being replaced, an ephemeral one's next) fits a hostname label: the launch script could
+        not set a longer one (the kernel and hostnamectl take 64 characters at most, DNS 63). A machine
+        standing keeps the hostname it has."""
+        recorded = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
+        for name, inst in sorted(self.t.instances.items()):
+            rec = recorded.get(name)
+            replacing = pending_replacement(self.meta, name)
+            if isinstance(rec, dict) and rec.get("launched") and not replacing:
+                continue
+            host = canonical_hostname(self.meta, name, inst.ephemeral, replacing)
+            if len(host) > HOSTNAME_MAX:
+                self.add("instance", name, "name",
+                         "instance '%s': its machine's canonical hostname '%s' would be %d characters, over the %d a "
+                         "hostname may have, so the launch could not set it; give the instance a name of at most %d "
+                         "characters" % (name, host, len(host), HOSTNAME_MAX, HOSTNAME_MAX - (len(host) - len(name))))
+
     def user_data_size(self) -> None:
         """An instance's ``userdata`` with csis.infra's launch script must fit EC2's user data
         (16,384 bytes): refused here, not by the launch's RunInstances."""
@@ -939,6 +958,7 @@ def validate_tree(tree: Tree, meta: Mapping[str, Any],
     v.meta_state_shares_states()
     v.executables(run_version or terraform_version)
     v.immutability()
+    v.hostnames()
     v.user_data_size()
     v.released_builds()
     v.alias_pool()

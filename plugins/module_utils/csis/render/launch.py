@@ -49,6 +49,15 @@ def generation_number(meta: Mapping[str, Any], name: str, ephemeral: bool, repla
     return int(counters.get(kind) or 0) + 1
 
 
+#: the longest hostname a machine is given: a DNS label's 63 characters (RFC 1123)
+HOSTNAME_MAX = 63
+
+
+def canonical_hostname(meta: Mapping[str, Any], name: str, ephemeral: bool, replacing: bool = False) -> str:
+    """``<name>-NNN``: the machine's hostname, NNN its generation (:func:`generation_number`)."""
+    return "%s-%03d" % (name, generation_number(meta, name, ephemeral, replacing))
+
+
 def recorded_devices(meta: Mapping[str, Any], name: str) -> Dict[str, str]:
     """``{storage: device}`` of the instance's recorded EBS mounts (its launch parameters)."""
     rec = ((meta.get("launch-params.yaml") or {}).get("instances") or {}).get(name)
@@ -119,7 +128,6 @@ def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
             entry["read_only"] = True  # through the public access point: mounted read-only
         mounts.append(entry)
     ephemeral = inst.ephemeral
-    number = generation_number(meta, inst.name, ephemeral, replacing)
     params: Dict[str, Any] = {
         "image": inst.image,
         "build": pinned_build(meta, inst.name) or "unbound",
@@ -128,7 +136,7 @@ def compute_launch_params(tree: Tree, meta: Mapping[str, Any], inst: m.Instance,
         "identity_type": "posix" if group else None,
         "mounts": mounts,
         "session": rt.session_mechanism if rt else None,
-        "hostname": "%s-%03d" % (inst.name, number),
+        "hostname": canonical_hostname(meta, inst.name, ephemeral, replacing),
         "ephemeral": ephemeral,
         "runtime": rt.name if rt else None,
         "builder": builder.name if builder else None,
@@ -163,6 +171,8 @@ def _fstab_entry(mp: str, entry: str) -> List[str]:
 
 #: how long the launch script waits for an EBS volume's device (polled every 2 s)
 DEVICE_WAIT_SECONDS = 300
+#: an EBS volume's fstab options (the comment at its fstab line says why each)
+EBS_MOUNT_OPTIONS = "defaults,nofail,x-systemd.before=local-fs.target"
 
 
 def user_data_template(params: Mapping[str, Any]) -> str:
@@ -245,7 +255,11 @@ def user_data_template(params: Mapping[str, Any]) -> str:
                 'fi',
                 'UUID="$(blkid -s UUID -o value "$DEV")" || UUID=\'\'',
                 '[ -n "$UUID" ] || csis_fail "volume $VOL ($DEV) has no filesystem UUID"',
-            ] + _fstab_entry(mp, "UUID=$UUID %s $FSTYPE defaults,nofail 0 2" % mp) + [
+                # nofail: a volume missing at a later boot does not stop the boot; but systemd then no
+                # longer orders the mount before local-fs.target, and services (after it) could start
+                # writing into the bare mount point on the root disk: x-systemd.before puts the order back
+                # (mount(8) ignores x-* options)
+            ] + _fstab_entry(mp, "UUID=$UUID %s $FSTYPE %s 0 2" % (mp, EBS_MOUNT_OPTIONS)) + [
                 "mountpoint -q %s || mount %s" % (_q(mp), _q(mp)),
                 "mountpoint -q %s || csis_fail %s" % (_q(mp), _q("%s is not mounted" % mp)),
                 # something else mounted there first (an image's own fstab entry, mounted at boot) is no
