@@ -153,19 +153,18 @@ def put_lock(moto_endpoint, key, who, created):
     return lock["ID"]
 
 
-def push(root, env, monkeypatch, started, budget):
+def push(root, env, monkeypatch, started, budget, exited=None, stopping=lambda: None):
     notes = []
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(root)
-    done = supervise.push_errored_state("terraform", started, budget, notes.append, sleep=lambda _s: None)
+    done = supervise.push_errored_state("terraform", started, exited or time.time(), budget, notes.append,
+                                        sleep=lambda _s: None, stopping=stopping)
     return done, " ".join(" ".join(notes).split())
 
 
 def me():
-    import pwd
-    import socket
-    return "%s@%s" % (pwd.getpwuid(os.getuid()).pw_name, socket.gethostname())
+    return supervise._me()
 
 
 def now_go():
@@ -179,7 +178,7 @@ def test_the_failed_apply_s_own_lock_is_released_then_the_state_pushed(applied, 
     lock_id = put_lock(moto_endpoint, key, me(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     done, said = push(root, env, monkeypatch, started, 30)
     assert done is True, said
-    assert "the state lock %s the failed apply left" % lock_id in said and "released" in said, said
+    assert "the state lock %s left by this supervisor's own terraform" % lock_id in said and ": released" in said, said
     assert "pushed to the backend (attempt 2)" in said, said
     held = state_object(moto_endpoint, moto_endpoint.state_bucket, key)
     assert held["serial"] >= serial and held["resources"][0]["instances"][0]["attributes"]["input"] == "after-the-apply"
@@ -196,34 +195,70 @@ def test_someone_else_s_lock_is_left_and_the_file_stays(applied, env, moto_endpo
     assert "released" not in said
     assert "pushing it failed 1 time(s)" in said and "lock" in said.lower(), said
     assert "the next plan of this root is refused until it is pushed: terraform -chdir=%s state push errored.tfstate" % (
-        os.path.realpath(root)) in said or "state push errored.tfstate" in said, said
+        os.path.realpath(root)) in said, said
     assert os.path.exists(os.path.join(root, "errored.tfstate"))
     assert state_object(moto_endpoint, moto_endpoint.state_bucket, key)["serial"] == serial - 1
     listed = s3(moto_endpoint).list_objects_v2(Bucket=moto_endpoint.state_bucket, Prefix=key + ".tflock")
     assert listed.get("Contents")
 
 
+def test_a_lock_taken_after_the_apply_exited_is_another_run_s_and_is_left(applied, env, moto_endpoint, monkeypatch):
+    """Same user, same host (two checkouts, or AWX containers sharing a host name), an apply lock
+    taken after this apply exited: another run's live lock, never released here."""
+    root, key, serial = applied
+    started = time.time() - 600
+    put_lock(moto_endpoint, key, me(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    done, said = push(root, env, monkeypatch, started, 1, exited=started + 60)
+    assert done is False and "released" not in said, said
+    assert state_object(moto_endpoint, moto_endpoint.state_bucket, key)["serial"] == serial - 1
+    assert s3(moto_endpoint).list_objects_v2(Bucket=moto_endpoint.state_bucket, Prefix=key + ".tflock").get("Contents")
+
+
+def test_a_refusal_no_attempt_can_change_ends_the_attempts_and_so_does_a_signal(applied, env, moto_endpoint, monkeypatch):
+    root, key, serial = applied
+    path = os.path.join(root, "errored.tfstate")
+    with open(path, encoding="utf-8") as fh:
+        state = json.load(fh)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(dict(state, lineage="another-state-altogether"), fh)
+    done, said = push(root, env, monkeypatch, time.time() - 5, 300)
+    assert done is False and "pushing it failed 1 time(s)" in said and "another attempt cannot change that" in said, said
+    assert "lineage" in said and os.path.exists(path)
+    # the backend refuses for a reason a retry can change (someone else's lock), but a signal came
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(state, fh)
+    put_lock(moto_endpoint, key, "deploy@another-host", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    done, said = push(root, env, monkeypatch, time.time() - 5, 300, stopping=lambda: "got SIGTERM")
+    assert done is False and "pushing it failed 1 time(s)" in said and "no more attempts: got SIGTERM" in said, said
+
+
 def test_an_older_file_or_none_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     notes = []
-    assert supervise.push_errored_state("terraform", time.time(), 30, notes.append) is None
+    assert supervise.push_errored_state("terraform", time.time(), time.time(), 30, notes.append) is None
     path = tmp_path / "errored.tfstate"
     path.write_text("{}")
     os.utime(path, (time.time() - 3600, time.time() - 3600))
-    assert supervise.push_errored_state("terraform", time.time(), 30, notes.append) is None
+    assert supervise.push_errored_state("terraform", time.time(), time.time(), 30, notes.append) is None
     assert notes == [] and path.exists()
     os.utime(path, None)
-    assert supervise.push_errored_state("terraform", time.time() - 5, 0, notes.append) is False
+    assert supervise.push_errored_state("terraform", time.time() - 5, time.time(), 0, notes.append) is False
     assert "not pushed (CSIS_TF_PUSH_WAIT=0)" in notes[0] and path.exists()
 
 
 def test_own_lock_reads_terraform_s_lock_info():
     started = time.time() - 5
+    apply_window = [("OperationTypeApply", started, time.time())]
     info = ("Error: Error acquiring the state lock\n\nLock Info:\n  ID:        abc-1\n  Path:      b/k\n"
             "  Operation: OperationTypeApply\n  Who:       %s\n  Version:   1.11.4\n  Created:   %s\n  Info:      \n")
-    assert supervise._own_lock(info % (me(), now_go()), started) == "abc-1"
-    assert supervise._own_lock(info % ("x@elsewhere", now_go()), started) is None
+    assert supervise._own_lock(info % (me(), now_go()), apply_window) == "abc-1"
+    assert supervise._own_lock(info % ("x@elsewhere", now_go()), apply_window) is None
     old = time.strftime("%Y-%m-%d %H:%M:%S.0 +0000 UTC", time.gmtime(started - 600))
-    assert supervise._own_lock(info % (me(), old), started) is None
-    assert supervise._own_lock((info % (me(), now_go())).replace("OperationTypeApply", "OperationTypePlan"), started) is None
-    assert supervise._own_lock("Error: connection refused", started) is None
+    assert supervise._own_lock(info % (me(), old), apply_window) is None
+    later = time.strftime("%Y-%m-%d %H:%M:%S.0 +0000 UTC", time.gmtime(time.time() + 600))
+    assert supervise._own_lock(info % (me(), later), apply_window) is None
+    plan = (info % (me(), now_go())).replace("OperationTypeApply", "OperationTypePlan")
+    assert supervise._own_lock(plan, apply_window) is None
+    # a lock of a push attempt it stopped: any operation, within that attempt
+    assert supervise._own_lock(plan, apply_window + [(None, started, time.time())]) == "abc-1"
+    assert supervise._own_lock("Error: connection refused", apply_window) is None

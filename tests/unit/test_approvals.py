@@ -289,3 +289,16 @@ def test_a_receipt_whose_time_cannot_be_read_is_refused_under_receipt_max_age(tr
         tx.save_record(approvals.RECEIPTS, approvals.receipt_key("storage-aws-ebs"), rec)
     with pytest.raises(approvals.ApprovalRefused, match=r"has no readable requested_at \('yesterday'\)"):
         approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1, max_age=3600)
+
+
+def test_a_receipt_dated_ahead_of_the_clock_is_refused_under_receipt_max_age(tree, monkeypatch):
+    """A receipt from the future (a plan job's node with a fast clock, a hand-edited record) never
+    ages: refused past a few minutes of skew, accepted within them."""
+    monkeypatch.setattr(approvals, "now_iso", lambda: "2026-12-01T10:04:00Z")
+    approvals.request(tree, "storage-aws-ebs", D1, requested_by="alice")
+    monkeypatch.setattr(approvals, "now_iso", lambda: "2026-12-01T10:00:00Z")
+    approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1, max_age=3600,
+                      check_mode=True)
+    monkeypatch.setattr(approvals, "now_iso", lambda: "2026-12-01T09:00:00Z")
+    with pytest.raises(approvals.ApprovalRefused, match=r"is dated 2026-12-01T10:04:00Z, 64 min ahead of this machine's clock"):
+        approvals.approve(tree, "storage-aws-ebs", D1, method="awx", approved_by="bob", pinned=D1, max_age=3600)

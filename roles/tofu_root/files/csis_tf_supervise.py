@@ -43,11 +43,13 @@ found it, ``csis_run_lock``). Also read from the environment:
   state), the file is pushed to the backend (``state push``, terraform's own advice), again and
   again for up to that long while the backend refuses it, and removed once it is in. An AWX
   job's container goes with the job, and the file with it: pushed here, what the apply did is in
-  the state the next plan reads. A state lock the failed apply itself left (this user on this
-  host, an apply begun after this supervisor started it) is released first (``force-unlock``).
-  The exit status stays the apply's (it failed); stderr says what became of the state. A push
-  that never succeeds leaves the file: the next plan of the root is refused until it is pushed
-  (``csis_plan``).
+  the state the next plan reads. A state lock this supervisor's own terraform left (an apply lock
+  taken by this user on this host between the apply's start and exit, or any lock of a push
+  attempt it had to stop) is released first (``force-unlock``); any other lock is left. A refusal
+  no attempt can change (another lineage, a newer state in the backend) ends the attempts, so
+  does a signal (after the attempt under way). The exit status stays the apply's (it failed);
+  stderr says what became of the state. A push that never succeeds leaves the file: the next plan
+  of the root is refused until it is pushed (``csis_plan``).
 
 terraform runs in a process group of its own: Ansible's async timeout kills the module's
 process group with SIGKILL, which must reach the supervisor (terraform then gets its one
@@ -70,7 +72,6 @@ POLL = 0.5
 PR_SET_PDEATHSIG = 1
 ERRORED = "errored.tfstate"
 # terraform's "Lock Info:" block of a refused lock (statemgr.LockInfo.String)
-ANSI = re.compile(r"\x1b\[[0-9;]*m")  # `state push` has no -no-color
 LOCK_FIELD = re.compile(r"^\s*(ID|Operation|Who|Created):[ \t]*(\S.*?)[ \t]*$", re.M)
 
 
@@ -167,25 +168,34 @@ def _number(name, default):
     return max(0.0, value)
 
 
-def _own_lock(out, started):
-    """The lock's ID when terraform's refusal of a state lock (``out``) names one the failed apply
-    left: taken for an apply (a destroy is one too) by this user on this host (terraform's
-    ``user@host``) no earlier than ``started`` (epoch seconds, when this supervisor started
-    terraform). None otherwise: someone else's lock is never released here."""
-    fields = dict(LOCK_FIELD.findall("\n".join(line.strip().lstrip("\u2502") for line in out.splitlines())))
-    if not fields.get("ID") or fields.get("Operation") != "OperationTypeApply":
-        return None
+def _me():
+    """terraform's ``user@host`` for this process, as Go's ``os/user`` finds the user (the password
+    database, else ``$USER``) and ``os.Hostname``."""
     try:
-        me = "%s@%s" % (pwd.getpwuid(os.getuid()).pw_name, socket.gethostname())
+        user = pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
-        return None
-    if fields.get("Who") != me:
+        user = os.environ.get("USER") or ""
+    return "%s@%s" % (user, socket.gethostname()) if user else None
+
+
+def _own_lock(out, windows):
+    """The lock's ID when terraform's refusal of a state lock (``out``) names one this supervisor's
+    own terraform left: taken by this user on this host (terraform's ``user@host``) within one of
+    ``windows`` (``[(operation or None, start, end)]``, epoch seconds: the failed apply, from its
+    start to its exit, for an apply's lock; a push attempt that was stopped, for any). None
+    otherwise: a lock of anyone else, or taken at any other time, is never released here."""
+    fields = dict(LOCK_FIELD.findall("\n".join(line.strip().lstrip("\u2502") for line in out.splitlines())))
+    me = _me()
+    if not fields.get("ID") or not me or fields.get("Who") != me:
         return None
     try:  # Go's time.String() of a UTC time: "2026-12-07 13:50:01.123456789 +0000 UTC"
         created = calendar.timegm(time.strptime(fields.get("Created", "")[:19], "%Y-%m-%d %H:%M:%S"))
     except ValueError:
         return None
-    return fields["ID"] if created >= int(started) - 1 else None
+    for operation, start, end in windows:
+        if (operation is None or fields.get("Operation") == operation) and int(start) - 1 <= created <= end + 1:
+            return fields["ID"]
+    return None
 
 
 def _last_error(out):
@@ -198,14 +208,41 @@ def _last_error(out):
     return (text[:400] + (" ..." if len(text) > 400 else "")) or "no output"
 
 
-def push_errored_state(binary, started, budget, note, sleep=time.sleep):
+def _run(argv, timeout):
+    """``(exit status, output, stopped)`` of a terraform command bounded by ``timeout`` seconds:
+    past it, one SIGINT (terraform releases the state lock it holds) and 30 s to exit, then SIGKILL.
+    In a process group of its own, as the apply (Ansible's SIGKILL of the module's group reaches
+    this supervisor, and the child gets its SIGINT from PR_SET_PDEATHSIG)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # pylint: disable=consider-using-with
+                            stderr=subprocess.STDOUT, preexec_fn=_child_setup)  # pylint: disable=subprocess-popen-preexec-fn
+    try:
+        out, _err = proc.communicate(timeout=timeout)
+        return proc.returncode, out.decode("utf-8", "replace"), False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _err = proc.communicate()
+        return 1, out.decode("utf-8", "replace"), True
+
+
+#: a push refused for what another attempt cannot change: another state's lineage, a newer state in
+#: the backend, a file terraform cannot read
+FINAL = ("lineage", "newer state with serial", "Error reading source state")
+
+
+def push_errored_state(binary, started, exited, budget, note, sleep=None, stopping=lambda: None):
     """Push the ``errored.tfstate`` a failed apply left in the working directory to the backend
     (``state push``, again for up to ``budget`` seconds while it is refused), then remove it.
 
-    ``started`` is the epoch time terraform was started: an older file is not this apply's
-    (``csis_plan`` refuses the root before its plan; it is left alone here). ``note`` takes each
-    line to report. Returns True (pushed), False (not pushed: the file stays, the next plan is
-    refused with the command) or None (no file of this apply)."""
+    ``started`` and ``exited``: epoch times of the apply's terraform. An older file is not this
+    apply's (``csis_plan`` refuses the root before its plan; it is left alone here). ``note`` takes
+    each line to report; ``sleep(seconds)`` waits between attempts (by default in steps, ending
+    early once ``stopping()`` names a reason: a signal to this supervisor, after which no attempt
+    starts). Returns True (pushed), False (not pushed: the file stays, the next plan is refused with
+    the command) or None (no file of this apply)."""
     path = os.path.abspath(ERRORED)
     try:
         if os.stat(path).st_mtime < started - 1:
@@ -218,17 +255,24 @@ def push_errored_state(binary, started, budget, note, sleep=time.sleep):
         note("terraform could not save the apply's state in the backend and wrote it to %s; not pushed "
              "(CSIS_TF_PUSH_WAIT=0): %s" % (path, later))
         return False
+
+    def wait(seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not stopping():
+            time.sleep(min(0.5, end - time.monotonic()))
+
+    sleep = sleep or wait
     deadline = time.monotonic() + budget
-    attempt, delay, released, last = 0, 5.0, False, ""
+    windows = [("OperationTypeApply", started, exited)]
+    attempt, delay, released, last, why = 0, 5.0, set(), "", ""
     while True:
         attempt += 1
-        try:  # bounded: a hung endpoint must not hold the job past its budget (an S3 write is whole or absent)
-            res = subprocess.run([binary, "state", "push", "-lock-timeout=0s", ERRORED],  # pylint: disable=subprocess-run-check
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 timeout=max(60.0, deadline - time.monotonic()))
-            rc, out = res.returncode, ANSI.sub("", res.stdout.decode("utf-8", "replace"))
-        except subprocess.TimeoutExpired:
-            rc, out = 1, "Error: terraform state push did not finish before the time for the push was up"
+        begun = time.time()
+        rc, out, stopped = _run([binary, "state", "push", "-no-color", "-lock-timeout=0s", ERRORED],
+                                max(30.0, deadline - time.monotonic()))
+        if stopped:
+            windows.append((None, begun, time.time()))  # a lock it left is this supervisor's own
+            out = "Error: terraform state push did not finish in time and was stopped. " + out
         if rc == 0:
             os.unlink(path)
             note("terraform could not save the apply's state in the backend and wrote it to %s: pushed to the "
@@ -236,24 +280,31 @@ def push_errored_state(binary, started, budget, note, sleep=time.sleep):
                  % (path, attempt))
             return True
         last = _last_error(out)
-        lock_id = None if released else _own_lock(out, started)
-        if lock_id:
-            released = True
-            unlock = subprocess.run([binary, "force-unlock", "-force", lock_id],  # pylint: disable=subprocess-run-check
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            note("the state lock %s the failed apply left (taken by this run's own apply, which has exited): %s"
-                 % (lock_id, "released" if unlock.returncode == 0
-                    else "not released: %s" % _last_error(ANSI.sub("", unlock.stdout.decode("utf-8", "replace")))))
-            if unlock.returncode == 0:
+        lock_id = _own_lock(out, windows)
+        if lock_id and lock_id not in released:
+            released.add(lock_id)
+            urc, uout, _stopped = _run([binary, "force-unlock", "-no-color", "-force", lock_id], 60.0)
+            note("the state lock %s left by this supervisor's own terraform (the failed apply, or a push it "
+                 "stopped): %s" % (lock_id, "released" if urc == 0 else "not released: %s" % _last_error(uout)))
+            if urc == 0:
                 continue
+        if any(word in out for word in FINAL):
+            why = "; another attempt cannot change that"
+            break
+        if stopping():
+            why = "; no more attempts: %s" % stopping()
+            break
         if time.monotonic() + delay >= deadline:
             break
         note("pushing %s to the backend failed (attempt %d%s); again in %d s"
              % (ERRORED, attempt, ": %s" % last if attempt == 1 else "", delay))
         sleep(delay)
         delay = min(delay * 2, 30.0)
+        if stopping():
+            why = "; no more attempts: %s" % stopping()
+            break
     note("terraform could not save the apply's state in the backend and wrote it to %s; pushing it failed %d time(s) "
-         "within %d s (CSIS_TF_PUSH_WAIT; the last: %s): %s" % (path, attempt, budget, last, later))
+         "within %d s (CSIS_TF_PUSH_WAIT; the last: %s%s): %s" % (path, attempt, budget, last, why, later))
     return False
 
 
@@ -292,7 +343,7 @@ def main(argv):
     # the apply's output only (the module's other calls around it do not come here or are not logged)
     applying = argv[:1] in (["apply"], ["destroy"])
     log_path = (os.environ.get("CSIS_TF_LOG") or "") if applying else ""
-    state = {"stopping": None, "killed": False}
+    state = {"stopping": None, "killed": False, "signal": None}
     proc = None
 
     def stop(why):
@@ -306,7 +357,9 @@ def main(argv):
                 pass
 
     def on_signal(signum, _frame):
-        stop("got %s" % signal.Signals(signum).name)
+        # a push of errored.tfstate after it (the run is going away) makes the attempt under way, no more
+        state["signal"] = "got %s" % signal.Signals(signum).name
+        stop(state["signal"])
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
@@ -354,6 +407,7 @@ def main(argv):
                 proc.kill()
             except OSError:
                 pass
+    exited_wall = time.time()
     for thread in copiers:
         thread.join(timeout=5)
     if state["stopping"] is not None:
@@ -371,7 +425,8 @@ def main(argv):
                     log.flush()
                 except (OSError, ValueError):
                     pass
-        push_errored_state(binary, started_wall, _number("CSIS_TF_PUSH_WAIT", 120), report)
+        push_errored_state(binary, started_wall, exited_wall, _number("CSIS_TF_PUSH_WAIT", 120), report,
+                           stopping=lambda: state["signal"])
     if log is not None:
         log.close()
     return 128 - rc if rc < 0 else rc

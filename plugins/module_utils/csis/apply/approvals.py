@@ -157,6 +157,11 @@ def _unnamed(receipt: Mapping[str, Any]) -> List[str]:
     return [u for u in receipt.get("unnamed_requesters") or [] if isinstance(u, str) and u]
 
 
+#: how far ahead of this machine's clock a receipt's time may be (the plan job's node's clock) and
+#: still count as written now
+CLOCK_SKEW = 300
+
+
 def _check_age(root_key: str, digest: str, receipt: Mapping[str, Any], max_age: int, max_age_text: str,
                where: str) -> None:
     """Refuse a receipt older than ``max_age`` seconds, or one whose time cannot be read."""
@@ -167,6 +172,11 @@ def _check_age(root_key: str, digest: str, receipt: Mapping[str, Any], max_age: 
                               "run the workflow from its plan job again; not applying"
                               % (root_key, what, _short(digest), where, receipt.get("requested_at")))
     age = (clock.parse(now_iso()) - then).total_seconds()  # type: ignore[operator]
+    if age < -CLOCK_SKEW:
+        raise ApprovalRefused("%s: %s, and the receipt of this plan (%s) in %s is dated %s, %s ahead of this "
+                              "machine's clock: its age cannot be told. Check the clocks of the plan job's and this "
+                              "job's nodes, then run the workflow from its plan job again; not applying"
+                              % (root_key, what, _short(digest), where, receipt.get("requested_at"), clock.age_text(-age)))
     if age > max_age:
         raise ApprovalRefused(
             "%s: a plan job receipted this plan (%s) at %s, %s ago, and %s: an approval that old is not applied. "

@@ -830,9 +830,12 @@ class Validation:
 
     def hostnames(self) -> None:
         """The canonical hostname (``<name>-NNN``) of a machine still to be launched (not launched
-        yet, being replaced, an ephemeral one's next) fits a hostname label: the launch script could
-        not set a longer one (the kernel and hostnamectl take 64 characters at most, DNS 63). A machine
-        standing keeps the hostname it has."""
+        yet, being replaced, an ephemeral one's next) is a legal hostname label, 63 characters at most
+        (RFC 1123, the rule the alias pool's names follow): a longer one is cut by hostnamectl and is
+        no name DNS or the access server takes. A machine standing keeps the hostname it has. Not
+        checked when the launch records could not be read (their rule reports that)."""
+        if self.meta.get("launch-params.yaml") is None:
+            return
         recorded = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
         for name, inst in sorted(self.t.instances.items()):
             rec = recorded.get(name)
@@ -842,8 +845,8 @@ class Validation:
             host = canonical_hostname(self.meta, name, inst.ephemeral, replacing)
             if len(host) > HOSTNAME_MAX:
                 self.add("instance", name, "name",
-                         "instance '%s': its machine's canonical hostname '%s' would be %d characters, over the %d a "
-                         "hostname may have, so the launch could not set it; give the instance a name of at most %d "
+                         "instance '%s': its machine's canonical hostname '%s' would be %d characters, over the %d "
+                         "characters a hostname label may have (RFC 1123); give the instance a name of at most %d "
                          "characters" % (name, host, len(host), HOSTNAME_MAX, HOSTNAME_MAX - (len(host) - len(name))))
 
     def user_data_size(self) -> None:

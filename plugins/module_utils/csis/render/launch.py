@@ -49,7 +49,7 @@ def generation_number(meta: Mapping[str, Any], name: str, ephemeral: bool, repla
     return int(counters.get(kind) or 0) + 1
 
 
-#: the longest hostname a machine is given: a DNS label's 63 characters (RFC 1123)
+#: the longest hostname a machine is given: a hostname label's 63 characters (RFC 1123)
 HOSTNAME_MAX = 63
 
 
