@@ -192,11 +192,46 @@ forgets:
   returned: when the plan was read
   type: int
   sample: 0
+moves:
+  description:
+    - >-
+      Resources only moved to a new address (a C(moved) block), with no other change. A moved resource that is
+      destroyed or replaced must be whitelisted at its new address and where it was.
+  returned: when the plan was read
+  type: int
+  sample: 0
+imports:
+  description: Resources the apply imports into the state (an C(import) block); one also updated is in RV(changes) too.
+  returned: when the plan was read
+  type: int
+  sample: 0
+outputs:
+  description:
+    - >-
+      The root outputs the apply changes. A plan of only moves, imports or output changes still has something to
+      apply (terraform's exit code 2); the role applies it.
+  returned: when the plan was read
+  type: list
+  elements: str
+  sample: []
+failed_checks:
+  description:
+    - >-
+      The check blocks and conditions terraform found failing (the approver reads them in RV(summary) and
+      RV(change_lines); terraform applies in spite of them).
+  returned: when the plan was read
+  type: list
+  elements: str
+  sample: ["check.health"]
 addresses:
-  description: Addresses by kind (C(delete) holds pure destroys; C(replace) the replacements).
+  description:
+    - >-
+      Addresses by kind (C(delete) holds pure destroys; C(replace) the replacements; a moved one reads
+      C(<address> (moved from <old>))).
   returned: when the plan was read
   type: dict
-  sample: {"create": ["terraform_data.y"], "update": [], "delete": [], "replace": ["terraform_data.x"], "forget": []}
+  sample: {"create": ["terraform_data.y"], "update": [], "delete": [], "replace": ["terraform_data.x"], "forget": [],
+           "move": [], "import": []}
 whitelisted:
   description: Destroys admitted, each with the entry that admitted it.
   returned: when the plan was read

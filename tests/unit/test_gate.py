@@ -4,6 +4,7 @@
 """The plan gate (apply/): classification, whitelist, receipts, plan binding."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from ansible_collections.csis.infra.plugins.module_utils.csis import clock  # no
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply import gate  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.binding import open_binding, root_digest, root_files, verify_binding  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import evaluate_plan  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import evaluate_plan, plan_content_digest  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.receipts import check_receipts  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.whitelist import address_covered_by, format_address, parse_address  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import GateError, GateRefused  # noqa: E402
@@ -188,6 +189,11 @@ def test_run_gate_plan_json(tmp_path):
      "resource_changes[0] (a.b): change.actions must be a list of strings, got [[\"delete\"]]"),
     ([{"address": "a.b", "change": {"actions": ["update"], "replace_paths": 5}}],
      "resource_changes[0] (a.b): change.replace_paths must be a list, got int"),
+    # a change without its address, or not an object: named by position, its values never shown
+    # (a plan's before/after may hold a secret)
+    ([{"change": {"actions": ["update"], "after": {"password": "hunter2-s3cr3t"}}}],
+     "resource_changes[0] has no address (its keys: change)"),
+    (["hunter2-s3cr3t"], "resource_changes[0] is a str, not an object"),
 ])
 def test_a_malformed_plan_is_one_message_naming_the_plan(tmp_path, changes, expected):
     pj = tmp_path / "plan.json"
@@ -529,3 +535,20 @@ def test_an_applys_sensitive_outputs_are_masked_and_the_others_kept():
     assert shown["odd"] == "not an output document"
     assert outputs["sft_enrollment_token"]["value"] == "sft-enroll-0123456789"  # the input is not changed
     assert masked_outputs(None) is None and masked_outputs([]) == []
+
+
+def test_an_ordinary_plan_s_digest_is_the_one_it_had():
+    """Moves, imports and output changes joined the digest; a plan with none of them digests as
+    before (the receipts of plans made before stay valid), and one with them differs."""
+    plan = {"format_version": "1.2", "resource_changes": [
+        {"address": "a.b", "change": {"actions": ["create"], "before": None, "after": {"x": 1}}},
+        {"address": "a.c", "change": {"actions": ["no-op"], "before": {"x": 1}, "after": {"x": 1}}}],
+        "output_changes": {"o": {"actions": ["no-op"], "before": 1, "after": 1}}}
+    blob = json.dumps([{"actions": ["create"], "address": "a.b", "after": {"x": 1}}], sort_keys=True, separators=(",", ":"))
+    assert plan_content_digest(plan) == hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    moved = json.loads(json.dumps(plan))
+    moved["resource_changes"][1]["previous_address"] = "a.old"
+    assert plan_content_digest(moved) != plan_content_digest(plan)
+    output = json.loads(json.dumps(plan))
+    output["output_changes"]["o"] = {"actions": ["update"], "before": 1, "after": 2}
+    assert plan_content_digest(output) != plan_content_digest(plan)

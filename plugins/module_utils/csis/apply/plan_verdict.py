@@ -26,8 +26,22 @@ UNKNOWN = "(known after apply)"
 VALUE_WIDTH = 160
 #: the approver's listing shows at most this many lines per root (the artifact has every change)
 CHANGE_LINES_MAX = 400
-_SIGNS = {"create": "+", "update": "~", "delete": "-", "replace": "-/+", "forget": "."}
-_WORDS = {"create": "create", "update": "update in place", "delete": "destroy", "forget": "forget (removed from state, left in place)"}
+_SIGNS = {"create": "+", "update": "~", "delete": "-", "replace": "-/+", "forget": ".", "move": ">", "import": "<="}
+_WORDS = {"create": "create", "update": "update in place", "delete": "destroy", "forget": "forget (removed from state, left in place)",
+          "move": "move (the same object under a new address)", "import": "import (an existing object taken into the state)"}
+#: why terraform destroys or replaces (``action_reason``), as the approver reads it; a replacement
+#: forced by an attribute says which (``replace_paths``) instead
+REASONS = {
+    "replace_because_tainted": "tainted",
+    "replace_by_request": "replacement requested (-replace)",
+    "replace_by_triggers": "replace_triggered_by",
+    "delete_because_no_resource_config": "no longer in the configuration",
+    "delete_because_no_module": "its module is no longer in the configuration",
+    "delete_because_wrong_repetition": "count or for_each changed how it repeats",
+    "delete_because_count_index": "its count index is past the count",
+    "delete_because_each_key": "its for_each key is gone",
+    "delete_because_no_move_target": "moved to an address the configuration does not have",
+}
 
 
 @dataclass
@@ -37,6 +51,10 @@ class PlanVerdict:
     deletes: List[str] = field(default_factory=list)      # pure destroys
     replaces: List[str] = field(default_factory=list)     # delete+create in either order
     forgets: List[str] = field(default_factory=list)      # removed from state, object kept
+    moves: List[str] = field(default_factory=list)        # moved, no other change ("<address> (moved from <old>)")
+    imports: List[str] = field(default_factory=list)      # imported (some also updated: in updates too)
+    outputs: List[str] = field(default_factory=list)      # root outputs the apply changes
+    failed_checks: List[str] = field(default_factory=list)  # check blocks and conditions that fail (warnings)
     whitelisted: List[Dict[str, str]] = field(default_factory=list)
     violations: List[str] = field(default_factory=list)
     details: List[Dict[str, Any]] = field(default_factory=list)
@@ -53,6 +71,12 @@ class PlanVerdict:
     def destroys(self) -> int:
         return len(self.deletes) + len(self.replaces)
 
+    @property
+    def outputs_only(self) -> bool:
+        """Whether root outputs are all the plan changes (the summary and the listing name them then;
+        beside resource changes they follow from those, as terraform's own summary line leaves them out)."""
+        return bool(self.outputs) and not (self.details or self.forgets)
+
     def summary(self) -> str:
         text = "Plan: %d to add, %d to change, %d to destroy" % (self.adds, self.changes, self.destroys)
         if self.replaces:
@@ -60,6 +84,15 @@ class PlanVerdict:
         extra: List[str] = []
         if self.forgets:
             extra.append("%d to forget (removed from state, not destroyed)" % len(self.forgets))
+        if self.imports:
+            extra.append("%d to import" % len(self.imports))
+        if self.moves:
+            extra.append("%d to move" % len(self.moves))
+        if self.outputs_only:
+            extra.append("output%s changed: %s" % ("" if len(self.outputs) == 1 else "s", ", ".join(self.outputs)))
+        if self.failed_checks:
+            n = len(self.failed_checks)
+            extra.append("%d check%s failing: %s" % (n, "" if n == 1 else "s", ", ".join(self.failed_checks)))
         if self.whitelisted:
             by: List[str] = []
             for w in self.whitelisted:
@@ -82,12 +115,18 @@ class PlanVerdict:
             "destroys": self.destroys,
             "replacements": len(self.replaces),
             "forgets": len(self.forgets),
+            "moves": len(self.moves),
+            "imports": len(self.imports),
+            "outputs": list(self.outputs),
+            "failed_checks": list(self.failed_checks),
             "addresses": {
                 "create": list(self.creates),
                 "update": list(self.updates),
                 "delete": list(self.deletes),
                 "replace": list(self.replaces),
                 "forget": list(self.forgets),
+                "move": list(self.moves),
+                "import": list(self.imports),
             },
             "whitelisted": [dict(w) for w in self.whitelisted],
             "violations": list(self.violations),
@@ -154,8 +193,10 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
                         "`show -json <plan>`")
     if "errored" in plan and not isinstance(plan["errored"], bool):
         raise GateError("the plan's errored must be true or false, got %s" % type(plan["errored"]).__name__)
+    failing = failed_checks(plan)
     if plan.get("errored"):
-        raise GateError("the plan is marked errored: terraform could not finish planning")
+        raise GateError("the plan is marked errored: terraform could not finish planning%s"
+                        % ("; failing: %s" % ", ".join(failing) if failing else ""))
     entries = list(allow_destroy or ())
     for e in entries:
         try:
@@ -165,18 +206,20 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
     whitelist = Whitelist(entries)
     refuse = [e for e in refuse_create or () if e]
     required = [t for t in required_tags or () if t]
-    verdict = PlanVerdict()
+    verdict = PlanVerdict(failed_checks=failing, outputs=changed_outputs(plan))
     changes = plan.get("resource_changes")
     if changes is None:
         changes = []
     if not isinstance(changes, list):
         raise GateError("resource_changes must be a list of objects, got %s" % type(changes).__name__)
     for index, rc in enumerate(changes):
-        if not isinstance(rc, Mapping):
-            raise GateError("resource_changes holds a non-object: %r" % (rc,))
+        if not isinstance(rc, Mapping):  # (never its value in a message: it may hold a secret)
+            raise GateError("resource_changes[%d] is a %s, not an object" % (index, type(rc).__name__))
         address = rc.get("address")
         if not isinstance(address, str) or not address:
-            raise GateError("a resource change has no address: %r" % (rc,))
+            raise GateError("resource_changes[%d] has no address (its keys: %s)" % (index, ", ".join(sorted(map(str, rc)))))
+        previous = rc.get("previous_address")
+        moved = previous if isinstance(previous, str) and previous and previous != address else None
         change = rc.get("change") or {}
         if not isinstance(change, Mapping):
             raise GateError("resource_changes[%d] (%s): change must be an object, got %s"
@@ -190,7 +233,8 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
                             % (index, address, type(change["replace_paths"]).__name__))
         actions = list(raw_actions)
         deposed = rc.get("deposed")
-        shown = address + (" (deposed object %s)" % deposed if deposed else "")
+        shown = address + (" (deposed object %s)" % deposed if deposed else "") + (" (moved from %s)" % moved if moved else "")
+        importing = change.get("importing") if isinstance(change.get("importing"), Mapping) else None
         unknown = [a for a in actions if a not in KNOWN_ACTIONS]
         if unknown or not actions:
             verdict.violations.append(
@@ -208,14 +252,23 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
             kind = "create"
         elif "update" in acts:
             kind = "update"
+        elif importing is not None and "read" not in acts:
+            kind = "import"
+        elif moved and "read" not in acts:
+            kind = "move"
         else:  # read / no-op
             continue
+        if importing is not None and kind != "import":
+            verdict.imports.append(shown)
         {"create": verdict.creates, "update": verdict.updates, "delete": verdict.deletes,
-         "replace": verdict.replaces, "forget": verdict.forgets}[kind].append(shown)
+         "replace": verdict.replaces, "forget": verdict.forgets, "move": verdict.moves,
+         "import": verdict.imports}[kind].append(shown)
         detail = {"address": shown, "actions": actions, "kind": kind,
                   "attributes": attribute_changes(change, kind)}
         if rc.get("action_reason"):
             detail["action_reason"] = rc.get("action_reason")
+        if importing is not None and kind != "import":
+            detail["imported"] = True
         if change.get("replace_paths"):
             detail["replace_paths"] = [".".join(str(x) for x in p) for p in change["replace_paths"] if isinstance(p, list)]
         verdict.details.append(detail)
@@ -226,15 +279,46 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
             if lacking:
                 verdict.violations.append(missing_tags_message(shown, lacking))
         if kind in ("delete", "replace"):
+            # a moved object is destroyed where it was: the whitelist must cover that address too
+            # (a moved block into a whitelisted address would otherwise carry any object out)
             try:
                 entry = whitelist.covering(address)
+                before_move = whitelist.covering(moved) if moved else entry
             except ValueError as exc:
-                raise GateError("cannot parse plan address %r: %s" % (address, exc))
-            if entry is None:
-                verdict.violations.append("DESTROY NOT WHITELISTED: %s" % shown)
+                raise GateError("cannot parse plan address %r: %s" % (moved or address, exc))
+            reason = REASONS.get(str(rc.get("action_reason") or ""))
+            if entry is None or before_move is None:
+                verdict.violations.append("DESTROY NOT WHITELISTED: %s%s" % (shown, " (%s)" % reason if reason else ""))
             else:
                 verdict.whitelisted.append({"address": shown, "entry": entry, "kind": kind})
     return verdict
+
+
+def failed_checks(plan: Mapping[str, Any]) -> List[str]:
+    """The addresses of the check blocks and conditions terraform found failing (``checks``:
+    ``status`` ``fail`` or ``error``), for the approver: terraform applies in spite of them."""
+    out: List[str] = []
+    for check in plan.get("checks") or []:
+        if not isinstance(check, Mapping):
+            continue
+        for inst in check.get("instances") or [check]:
+            if isinstance(inst, Mapping) and inst.get("status") in ("fail", "error"):
+                addr = inst.get("address")
+                name = (addr.get("to_display") if isinstance(addr, Mapping) else None) or \
+                    ((check.get("address") or {}).get("to_display") if isinstance(check.get("address"), Mapping) else None)
+                if name and name not in out:
+                    out.append(str(name))
+    return out
+
+
+def changed_outputs(plan: Mapping[str, Any]) -> List[str]:
+    """The root outputs the apply would change (``output_changes`` other than no-op): a plan of only
+    those still has something to apply (a module's new output a later root reads)."""
+    changes = plan.get("output_changes")
+    if not isinstance(changes, Mapping):
+        return []
+    return sorted(str(name) for name, oc in changes.items()
+                  if isinstance(oc, Mapping) and list((oc.get("actions") or [])) not in ([], ["no-op"]))
 
 
 def _marked(marks: Any) -> bool:
@@ -311,14 +395,20 @@ def change_lines(verdict: "PlanVerdict", limit: int = CHANGE_LINES_MAX) -> List[
         kind = d["kind"]
         word = _WORDS.get(kind) or ("replace (%s)" % " then ".join(d["actions"]))
         head = "%s %s: %s" % (_SIGNS.get(kind, "?"), d["address"], word)
+        if d.get("imported"):
+            head += ", imported first"
         if d.get("replace_paths"):
             head += "; forced by %s" % ", ".join(d["replace_paths"])
+        elif REASONS.get(str(d.get("action_reason") or "")):
+            head += "; because %s" % REASONS[str(d["action_reason"])]
         lines.append(head)
         for a in d.get("attributes") or []:
             if kind == "create":
                 lines.append("    %s = %s" % (a["name"], a["after"]))
             else:
                 lines.append("    %s: %s -> %s" % (a["name"], a["before"], a["after"]))
+    lines += ["~ output.%s: changes" % name for name in (verdict.outputs if verdict.outputs_only else [])]
+    lines += ["! %s: check failing (terraform applies in spite of it)" % name for name in verdict.failed_checks]
     if len(lines) > limit:
         cut = len(lines) - (limit - 1)
         lines = lines[:limit - 1] + ["... %d more line(s): the plan job's csis_plan_changes artifact has every change" % cut]
@@ -339,14 +429,22 @@ def plan_content_digest(plan: Mapping[str, Any], storage_steps: Iterable[Mapping
     for rc in plan.get("resource_changes") or []:
         change = rc.get("change") or {}
         actions = list(change.get("actions") or [])
-        if actions == ["no-op"]:
+        moved = rc.get("previous_address") if rc.get("previous_address") != rc.get("address") else None
+        if actions == ["no-op"] and not moved and not change.get("importing"):
             continue
         changes.append({k: v for k, v in (
             ("address", rc.get("address")), ("deposed", rc.get("deposed")), ("actions", actions),
+            ("previous_address", moved), ("importing", change.get("importing")),
             ("before", change.get("before")), ("after", change.get("after")),
             ("after_unknown", change.get("after_unknown")), ("before_sensitive", change.get("before_sensitive")),
             ("after_sensitive", change.get("after_sensitive"))) if v is not None})
     changes.sort(key=lambda c: (str(c.get("address")), str(c.get("deposed") or "")))
+    outputs = plan.get("output_changes") if isinstance(plan.get("output_changes"), Mapping) else {}
+    for name in changed_outputs(plan):
+        oc = outputs[name]
+        changes.append({k: v for k, v in (
+            ("output", name), ("actions", list(oc.get("actions") or [])), ("after", oc.get("after")),
+            ("after_unknown", oc.get("after_unknown")), ("after_sensitive", oc.get("after_sensitive"))) if v is not None})
     steps = sorted(json.dumps(dict(step), sort_keys=True, separators=(",", ":"), default=str)
                    for step in storage_steps or ())
     if steps:
@@ -374,6 +472,10 @@ def plan_diff(verdict: PlanVerdict) -> Dict[str, str]:
         elif kind == "forget":
             before.append(a)
             after.append("%s (forgotten: left in place, no longer managed)" % a)
+        elif kind == "move":
+            after.append("%s (moved)" % a)
+        elif kind == "import":
+            after.append("%s (imported)" % a)
     return {
         "before_header": "resources touched by the plan (now)",
         "after_header": "resources after the plan (%s)" % verdict.summary(),
