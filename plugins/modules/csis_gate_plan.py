@@ -259,7 +259,8 @@ binding:
   type: str
 plan_digest:
   description:
-    - sha256 over every change the plan makes (address, actions, before and after values), and over the
+    - sha256 over every change the plan makes (address, actions, before and after values; a move's former
+      address, an import's id), over the root outputs when they are all the plan changes, and over the
       O(storage_steps) when there are any.
     - Equal digests mean the same changes; an AWX apply job compares it with the digest its plan job published.
   returned: when the plan was read

@@ -549,6 +549,26 @@ def test_an_ordinary_plan_s_digest_is_the_one_it_had():
     moved = json.loads(json.dumps(plan))
     moved["resource_changes"][1]["previous_address"] = "a.old"
     assert plan_content_digest(moved) != plan_content_digest(plan)
+    # an output that changes beside the resource changes (every storage root's module output does
+    # at a create or an update) follows from them: the digest is the one it had
     output = json.loads(json.dumps(plan))
     output["output_changes"]["o"] = {"actions": ["update"], "before": 1, "after": 2}
-    assert plan_content_digest(output) != plan_content_digest(plan)
+    assert plan_content_digest(output) == plan_content_digest(plan)
+    # outputs alone: digested (an empty plan's digest is another)
+    output["resource_changes"] = output["resource_changes"][1:]
+    empty = dict(plan, resource_changes=[], output_changes={})
+    assert plan_content_digest(output) != plan_content_digest(empty)
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ({"output_changes": {"o": {"actions": 5}}}, 'output_changes["o"].actions must be a list of strings'),
+])
+def test_malformed_outputs_are_one_message_and_malformed_checks_are_skipped(tmp_path, extra, expected):
+    pj = tmp_path / "plan.json"
+    pj.write_text(json.dumps(dict({"format_version": "1.2", "resource_changes": []}, **extra)))
+    with pytest.raises(GateError) as err:
+        run_gate(plan_json=str(pj))
+    assert str(err.value) == "%s: %s" % (pj, expected)
+    for checks in (5, [5], [{"status": "fail", "instances": 5}], [{"instances": [{"status": "fail", "address": {"to_display": {"secret": "hunter2"}}}]}]):
+        v = evaluate_plan({"format_version": "1.2", "resource_changes": [], "checks": checks})
+        assert v.failed_checks == [] and "hunter2" not in v.summary()

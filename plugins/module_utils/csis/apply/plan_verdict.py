@@ -298,17 +298,23 @@ def failed_checks(plan: Mapping[str, Any]) -> List[str]:
     """The addresses of the check blocks and conditions terraform found failing (``checks``:
     ``status`` ``fail`` or ``error``), for the approver: terraform applies in spite of them."""
     out: List[str] = []
-    for check in plan.get("checks") or []:
+    checks = plan.get("checks")
+    for check in checks if isinstance(checks, list) else []:
         if not isinstance(check, Mapping):
             continue
-        for inst in check.get("instances") or [check]:
+        instances = check.get("instances")
+        for inst in instances if isinstance(instances, list) and instances else [check]:
             if isinstance(inst, Mapping) and inst.get("status") in ("fail", "error"):
-                addr = inst.get("address")
-                name = (addr.get("to_display") if isinstance(addr, Mapping) else None) or \
-                    ((check.get("address") or {}).get("to_display") if isinstance(check.get("address"), Mapping) else None)
+                name = _display(inst.get("address")) or _display(check.get("address"))
                 if name and name not in out:
-                    out.append(str(name))
+                    out.append(name)
     return out
+
+
+def _display(address: Any) -> Optional[str]:
+    """A check's ``to_display`` when it is an address (a short string), else None."""
+    shown = address.get("to_display") if isinstance(address, Mapping) else None
+    return shown if isinstance(shown, str) and 0 < len(shown) <= 300 else None
 
 
 def changed_outputs(plan: Mapping[str, Any]) -> List[str]:
@@ -317,8 +323,14 @@ def changed_outputs(plan: Mapping[str, Any]) -> List[str]:
     changes = plan.get("output_changes")
     if not isinstance(changes, Mapping):
         return []
-    return sorted(str(name) for name, oc in changes.items()
-                  if isinstance(oc, Mapping) and list((oc.get("actions") or [])) not in ([], ["no-op"]))
+    out = []
+    for name, oc in changes.items():
+        actions = oc.get("actions") if isinstance(oc, Mapping) else None
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise GateError("output_changes[%s].actions must be a list of strings" % json.dumps(str(name)))
+        if actions not in ([], ["no-op"]):
+            out.append(str(name))
+    return sorted(out)
 
 
 def _marked(marks: Any) -> bool:
@@ -399,7 +411,7 @@ def change_lines(verdict: "PlanVerdict", limit: int = CHANGE_LINES_MAX) -> List[
             head += ", imported first"
         if d.get("replace_paths"):
             head += "; forced by %s" % ", ".join(d["replace_paths"])
-        elif REASONS.get(str(d.get("action_reason") or "")):
+        elif kind in ("delete", "replace") and REASONS.get(str(d.get("action_reason") or "")):
             head += "; because %s" % REASONS[str(d["action_reason"])]
         lines.append(head)
         for a in d.get("attributes") or []:
@@ -416,10 +428,13 @@ def change_lines(verdict: "PlanVerdict", limit: int = CHANGE_LINES_MAX) -> List[
 
 
 def plan_content_digest(plan: Mapping[str, Any], storage_steps: Iterable[Mapping[str, Any]] = ()) -> str:
-    """sha256 over what the plan would do: every resource change that is not a no-op, with
-    its address, actions and before/after values (unknowns and sensitivity marks included),
-    and the root's storage steps that touch data (``storage_steps``: the render's transitions
-    other than ``record``, such as ``delete_archive_snapshot``, which the plan does not show).
+    """sha256 over what the plan would do: every resource change that is not a no-op (a move or
+    an import is one), with its address, actions and before/after values (unknowns and
+    sensitivity marks included; the address it is moved from, what it imports), the root outputs
+    when they are all the plan changes (beside resource changes they follow from those: left out,
+    so an ordinary plan digests as it did before outputs were read), and the root's storage
+    steps that touch data (``storage_steps``: the render's transitions other than ``record``,
+    such as ``delete_archive_snapshot``, which the plan does not show).
 
     Two plans with equal digests make the same changes; the AWX approval binds the apply job
     to the plan job's digest (a plan that creates the same address with other values differs,
@@ -440,7 +455,7 @@ def plan_content_digest(plan: Mapping[str, Any], storage_steps: Iterable[Mapping
             ("after_sensitive", change.get("after_sensitive"))) if v is not None})
     changes.sort(key=lambda c: (str(c.get("address")), str(c.get("deposed") or "")))
     outputs = plan.get("output_changes") if isinstance(plan.get("output_changes"), Mapping) else {}
-    for name in changed_outputs(plan):
+    for name in ([] if changes else changed_outputs(plan)):
         oc = outputs[name]
         changes.append({k: v for k, v in (
             ("output", name), ("actions", list(oc.get("actions") or [])), ("after", oc.get("after")),
