@@ -15,8 +15,8 @@ import unicodedata
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from . import secrets
-# m.parse_duration for validate and instance_roots: the one parser is clock's
-from ..clock import parse_duration  # noqa: F401 pylint: disable=unused-import
+# the one duration parser is clock's (validate and instance_roots call it as m.parse_duration)
+from ..clock import parse_duration
 
 try:
     # ValidationError: for loader.py, which shares this guard
@@ -152,6 +152,13 @@ def bucket_for(storage: Any, builder: Any) -> str:
     """The bucket of an S3 storage (the manual's one rule): its own ``bucket_name``, else its
     builder's ``bucket_name`` (the default bucket of the builder's storages), else its name."""
     return storage.bucket_name or getattr(builder, "bucket_name", None) or storage.name
+
+
+def check_duration(v: Optional[str]) -> Optional[str]:
+    """An optional duration setting ('30m', '2h', '1d', '1w'): kept as written, refused when it is none."""
+    if v is not None:
+        parse_duration(v)
+    return v
 
 
 def check_bucket(v: str, what: str) -> str:
@@ -347,12 +354,7 @@ class ApprovalsSetting(Strict):
     #: plan (the last one to gate the same digest) ran longer ago; None: receipts do not expire
     receipt_max_age: Optional[str] = None
 
-    @field_validator("receipt_max_age")
-    @classmethod
-    def _max_age(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            parse_duration(v)
-        return v
+    _max_age = field_validator("receipt_max_age")(classmethod(lambda cls, v: check_duration(v)))
 
 
 class WorkspaceSetting(Strict):
@@ -656,12 +658,7 @@ class RuntimeBuilder(Strict):
     _mt = field_validator("default_machine_type")(
         classmethod(lambda cls, v: check_instance_type(v, "default_machine_type")))
 
-    @field_validator("teardown_after")
-    @classmethod
-    def _ta(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            parse_duration(v)
-        return v
+    _ta = field_validator("teardown_after")(classmethod(lambda cls, v: check_duration(v)))
 
     @model_validator(mode="after")
     def _ssh(self) -> "RuntimeBuilder":
