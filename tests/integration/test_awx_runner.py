@@ -202,13 +202,19 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     ms_b = MetaState(root_b)
     kept = ms_b.load_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY))
     assert kept, "the plan job's receipt is not in the S3 store"
-    with ms_b.transaction("test: the receipt aside") as tx:
-        tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), None)
-    try:
-        r, out, _pdd = _job(pdd_b, "apply-unreceipted", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
-    finally:
-        with ms_b.transaction("test: the receipt back") as tx:
-            tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), kept)
+
+    def apply_job_with_receipts(name, receipts):
+        """An apply job by bob while the store holds ``receipts`` (None: none) for the root; the
+        plan job's receipts are put back after it."""
+        with ms_b.transaction("test: the receipts as %s" % name) as tx:
+            tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), receipts)
+        try:
+            return _job(pdd_b, name, dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
+        finally:
+            with ms_b.transaction("test: the receipts back") as tx:
+                tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), kept)
+
+    r, out, _pdd = apply_job_with_receipts("apply-unreceipted", None)
     assert r.status == "failed", out[-4000:]
     assert "%s: no plan job receipted this plan" % ROOT_KEY in out, out[-4000:]
     assert not _storages(root)
@@ -217,13 +223,7 @@ def test_plan_job_approval_apply_job(moto_endpoint, installed, tmp_path, monkeyp
     #     then, the digest applied by hand now) approves nothing
     aged = copy.deepcopy(kept)
     aged["plans"][approved[ROOT_KEY]]["requested_at"] = "2000-01-01T00:00:00Z"
-    with ms_b.transaction("test: the receipt aged") as tx:
-        tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), aged)
-    try:
-        r, out, _pdd = _job(pdd_b, "apply-aged", dict(base, csis_phase="apply", csis_approved_plans=approved, **bob))
-    finally:
-        with ms_b.transaction("test: the receipt back") as tx:
-            tx.save_record(approvals.RECEIPTS, approvals.receipt_key(ROOT_KEY), kept)
+    r, out, _pdd = apply_job_with_receipts("apply-aged", aged)
     assert r.status == "failed", out[-4000:]
     flat = " ".join(out.split())
     assert "at 2000-01-01T00:00:00Z," in flat and "and approvals.receipt_max_age is 8h (cfg/_config.yml)" in flat, out[-4000:]
