@@ -10,3 +10,4 @@ from ansible_collections.csis.infra.plugins.plugin_utils.controller import Contr
 
 class ActionModule(ControllerAction):
     MODULE = "csis_plan_binding"
+    AWS_SERVICES = ("s3",)  # check_state: the root's state object, read from an S3 backend (module_utils/csis/tfstate.py)

@@ -25,6 +25,14 @@ description:
     V(verified), run just before C(terraform apply <plan_file>), fails with C(STALE PLANFILE: ...)
     unless the plan file exists, the gate passed it, its bytes are the ones the gate read, and
     the root's files are the ones recorded at the opening (the changed files are named).
+  - >-
+    With O(check_state), V(verified) also reads the root's state (as M(csis.infra.csis_record) reads it: the
+    state object of an S3 or local backend directly, else C(terraform state pull)) and fails with
+    C(STALE PLANFILE: ...) when it is not the state the plan file was made against (another lineage, another
+    serial: terraform's own rule for a saved plan). terraform refuses such a plan file itself, but only at the
+    apply: the role asks for this check before the steps it runs ahead of the apply (machines stopped before
+    their volumes detach, archive snapshots, bucket wipes), so that a state another terraform run changed
+    after the plan stops the root before any of them.
 extends_documentation_fragment:
   - csis.infra.controller
   - csis.infra.attributes.worker
@@ -44,6 +52,19 @@ options:
     type: str
     required: true
     choices: [opened, verified]
+  check_state:
+    description:
+      - With V(verified), also require the root's state to be the one the plan file was made against.
+      - A plan file that does not name its state (one OpenTofu encrypted) is not checked (RV(state_check) says so);
+        a state that cannot be read fails the task.
+    type: bool
+    default: false
+    version_added: 0.2.0
+  binary_path:
+    description: The terraform (or tofu) binary that reads the state with O(check_state) when its backend is not read directly.
+    type: str
+    default: terraform
+    version_added: 0.2.0
 notes:
   - Inputs outside the root (C(-var-file) elsewhere, C(TF_VAR_*) variables) are not part of the digest;
     terraform itself binds the plan to the state it was made against.
@@ -127,6 +148,11 @@ summary:
   description: The gate's one-line summary.
   returned: when state=verified
   type: str
+state_check:
+  description: What the state check found (O(check_state)).
+  returned: when state=verified
+  type: str
+  sample: the state is the one the plan was made against
 '''
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.binding import open_binding, verify_binding
@@ -138,7 +164,7 @@ def _run(module, p):
     try:
         if p['state'] == 'opened':
             return open_binding(p['project_path'], p['plan_file'], check_mode=module.check_mode)
-        return verify_binding(p['project_path'], p['plan_file'])
+        return verify_binding(p['project_path'], p['plan_file'], check_state=p['check_state'], binary=p['binary_path'])
     except GateRefused as exc:
         fail_from(module, exc, problems_key="violations", changed=False)
     except (CsisError, OSError) as exc:
@@ -149,6 +175,8 @@ RUN = ModuleRun(_run, dict(
     project_path=dict(type='path', required=True),
     plan_file=dict(type='path', default='tfplan'),
     state=dict(type='str', required=True, choices=['opened', 'verified']),
+    check_state=dict(type='bool', default=False),
+    binary_path=dict(type='str', default='terraform'),
 ), options=dict(supports_check_mode=True))
 
 

@@ -204,3 +204,78 @@ def test_a_directory_where_the_plan_file_belongs_is_named(root):
         make_plan(root)
     assert str(exc.value) == ("%s: is a directory where the plan file or its binding belongs: remove it, then plan "
                               "again" % os.path.join(root, "tfplan"))
+
+
+def test_a_state_another_run_changed_after_the_plan_is_refused_before_the_apply(root, tmp_path):
+    """terraform refuses a saved plan whose state moved, but only at the apply; the role's steps
+    before it (machines stopped, archive snapshots, bucket wipes) ran by then. The binding's state
+    check refuses it first, by terraform's own rule (lineage, then serial)."""
+    make_plan(root, variables={"n": 2})
+    run_gate(root, "tfplan")
+    # the first plan of a root (no state yet) applies to an empty state
+    assert b.verify_binding(root, "tfplan", check_state=True)["state_check"] == \
+        "the state is the one the plan was made against"
+    apply(root)
+
+    make_plan(root, variables={"n": 3})
+    run_gate(root, "tfplan")
+    assert b.verify_binding(root, "tfplan", check_state=True)["state_check"] == \
+        "the state is the one the plan was made against"
+    # another terraform run (outside csis) applies something after the plan and the gate
+    tf(root, "apply", "-auto-approve", "-input=false", "-no-color", "-var", "n=4")
+    assert b.verify_binding(root, "tfplan")["state_check"] == "not asked"   # the root's files did not change
+    serial = json.loads(open(os.path.join(root, "terraform.tfstate"), encoding="utf-8").read())["serial"]
+    assert serial > 1
+    with pytest.raises(GateRefused) as exc:
+        b.verify_binding(root, "tfplan", check_state=True)
+    assert exc.value.messages == [
+        "STALE PLANFILE: tfplan was planned against the root's state at serial 1 and the state is now at serial %d: "
+        "another terraform operation changed it after the plan (terraform would refuse the plan file as stale); "
+        "nothing was applied -- plan again" % serial]
+    # the very rule terraform applies to the plan file
+    proc = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "tfplan"], cwd=root,
+                          env=terraform_env(os.environ), capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "Saved plan is stale" in proc.stderr
+
+    # the state replaced (another lineage) under a plan made from the old one
+    make_plan(root, variables={"n": 5})
+    run_gate(root, "tfplan")
+    lineage = json.loads(open(os.path.join(root, "terraform.tfstate"), encoding="utf-8").read())["lineage"]
+    os.remove(os.path.join(root, "terraform.tfstate"))
+    with pytest.raises(GateRefused) as exc:
+        b.verify_binding(root, "tfplan", check_state=True)
+    assert exc.value.messages == [
+        "STALE PLANFILE: tfplan was planned against state lineage %s and the root's state is now empty: the state was "
+        "replaced after the plan; nothing was applied -- plan again" % lineage]
+    tf(root, "apply", "-auto-approve", "-input=false", "-no-color")
+    with pytest.raises(GateRefused) as exc:
+        b.verify_binding(root, "tfplan", check_state=True)
+    assert "the root's state is now lineage " in exc.value.messages[0]
+    proc = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "tfplan"], cwd=root,
+                          env=terraform_env(os.environ), capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "Saved plan does not match the given state" in proc.stderr
+
+    # through the module, as the role runs it: the task fails with the message, nothing else ran
+    make_plan(root, variables={"n": 6})
+    run_gate(root, "tfplan")
+    tf(root, "apply", "-auto-approve", "-input=false", "-no-color", "-var", "n=7")
+    pb = tmp_path / "pb.yml"
+    pb.write_text(textwrap.dedent("""\
+        - hosts: localhost
+          gather_facts: false
+          connection: local
+          tasks:
+            - csis.infra.csis_plan_binding:
+                project_path: "{{ root }}"
+                state: verified
+                check_state: true
+            - ansible.builtin.file:
+                path: "{{ root }}/must-not-exist"
+                state: touch
+        """))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(_REPO, "ansible.cfg"))
+    res = subprocess.run([PLAYBOOK_BIN, str(pb), "-e", json.dumps({"root": root})], cwd=_REPO, env=env,
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 2, res.stdout[-3000:]
+    assert "STALE PLANFILE: tfplan was planned against the root's state at serial" in res.stdout
+    assert not os.path.exists(os.path.join(root, "must-not-exist"))

@@ -16,7 +16,7 @@ if os.path.normpath(_COLL) not in [os.path.normpath(p) for p in sys.path]:
 import pytest  # noqa: E402
 
 from ansible_collections.csis.infra.plugins.module_utils.csis import clock  # noqa: E402
-from ansible_collections.csis.infra.plugins.module_utils.csis.apply import gate  # noqa: E402
+from ansible_collections.csis.infra.plugins.module_utils.csis.apply import binding, gate  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.binding import open_binding, root_digest, root_files, verify_binding  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.gate import run_gate  # noqa: E402
 from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import evaluate_plan, plan_content_digest  # noqa: E402
@@ -333,6 +333,60 @@ def test_binding_happy_path(root, fake_show):
     ver = verify_binding(str(root), "tfplan")
     assert ver["plan_sha256"] == res["plan_sha256"]
     assert ver["summary"] == "Plan: 1 to add, 0 to change, 0 to destroy"
+
+
+def _zip_plan(path, tfstate):
+    import zipfile
+    with zipfile.ZipFile(str(path), "w") as zf:
+        zf.writestr("tfplan", b"plan")
+        if tfstate is not None:
+            zf.writestr("tfstate", tfstate)
+
+
+@pytest.mark.parametrize("tfstate", [None, b"{not json", b"[]", b'{"serial": "7", "lineage": "x"}',
+                                     b'{"serial": true, "lineage": "x"}', b'{"serial": 1, "lineage": 5}'])
+def test_a_plan_file_that_does_not_name_its_state_is_not_state_checked(root, fake_show, tfstate):
+    """PLAN_BYTES (no zip), a zip without tfstate, or one whose state does not read: terraform
+    checks it at the apply; the binding says it did not."""
+    open_binding(str(root), "tfplan")
+    _zip_plan(root / "tfplan", tfstate)
+    run_gate(str(root), "tfplan")
+    assert binding.plan_prior_state(str(root / "tfplan")) is None
+    ver = verify_binding(str(root), "tfplan", check_state=True)
+    assert ver["state_check"] == "not checked: tfplan does not name its state (terraform checks it at the apply)"
+
+
+@pytest.mark.parametrize("prior,current,stale", [
+    ({"lineage": "", "serial": 0}, {"resources": []}, None),                          # first plan, still no state
+    ({"lineage": "", "serial": 0}, {"lineage": "L", "serial": 1}, "serial 0 and the state is now at serial 1"),
+    ({"lineage": "L", "serial": 4}, {"lineage": "L", "serial": 4}, None),
+    ({"lineage": "L", "serial": 4}, {"lineage": "L", "serial": 5}, "serial 4 and the state is now at serial 5"),
+    ({"lineage": "L", "serial": 4}, {"lineage": "M", "serial": 4}, "lineage L and the root's state is now lineage M"),
+    ({"lineage": "L", "serial": 4}, {"resources": []}, "lineage L and the root's state is now empty"),
+])
+def test_the_state_check_is_terraforms_rule_for_a_saved_plan(prior, current, stale):
+    msg = binding.state_moved_message("tfplan", prior, current)
+    if stale is None:
+        assert msg is None
+    else:
+        assert msg.startswith("STALE PLANFILE: tfplan was planned against ") and stale in msg and msg.endswith("plan again")
+
+
+def test_a_state_that_cannot_be_read_stops_the_check(root, fake_show, monkeypatch):
+    open_binding(str(root), "tfplan")
+    _zip_plan(root / "tfplan", b'{"version": 4, "serial": 3, "lineage": "L"}')
+    run_gate(str(root), "tfplan")
+
+    def unreadable(directory, binary="terraform"):
+        raise binding.tfstate.terraform.TerraformError("%s: 'state pull' failed (rc 1): backend down" % directory)
+    monkeypatch.setattr(binding.tfstate, "read", unreadable)
+    with pytest.raises(GateError) as err:
+        verify_binding(str(root), "tfplan", check_state=True)
+    assert str(err.value).startswith("the root's state could not be read to tell whether tfplan still applies to it: ")
+    assert str(err.value).endswith("backend down; nothing was applied")
+    monkeypatch.setattr(binding.tfstate, "read", lambda directory, binary="terraform": {"serial": 3, "lineage": "L"})
+    assert verify_binding(str(root), "tfplan", check_state=True)["state_check"] == \
+        "the state is the one the plan was made against"
 
 
 def test_open_removes_old_plan_and_binding(root, fake_show):

@@ -13,7 +13,10 @@ of the root it was planned from (instead of file mtimes, the reference's weak po
    passes it records the plan file's sha256 and the verdict (:func:`record_gate`). A
    refusal clears any earlier gate record (:func:`clear_gate`).
 3. :func:`verify_binding` (just BEFORE ``terraform apply <plan>``) requires a gate
-   record, the same plan bytes the gate read, and the same root content.
+   record, the same plan bytes the gate read, and the same root content; with
+   ``check_state`` also the state the plan was made against (:func:`state_moved_message`):
+   terraform refuses a stale plan file itself, but only at the apply, after the steps the
+   role runs before it (machines stopped, archive snapshots, bucket wipes).
 """
 from __future__ import annotations
 
@@ -22,11 +25,14 @@ import hashlib
 import json
 import os
 import secrets
+import subprocess
+import zipfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ..clock import now, parse as parse_time
-from ..errors import GateError, GateRefused
+from ..errors import CsisError, GateError, GateRefused
 from ..fsutil import write_json_atomic
+from .. import tfstate
 from .receipts import RECEIPTS_DIR
 
 BINDING_SUFFIX = ".csis-binding.json"
@@ -280,8 +286,61 @@ def binding_mismatch(plan_file: str, binding: Mapping[str, Any], root: str, plan
     return None
 
 
-def verify_binding(project_path: str, plan_file: str = "tfplan") -> Dict[str, Any]:
-    """Check, just BEFORE apply, that ``plan_file`` is the one the gate passed for this root as it is now."""
+def plan_prior_state(plan_path: str) -> Optional[Dict[str, Any]]:
+    """``{"lineage", "serial"}`` of the state a plan file was made against (its ``tfstate``
+    entry, as terraform writes it), or None when the file does not read that way (an OpenTofu
+    plan file it encrypted, say): terraform's own check at the apply then stands alone."""
+    try:
+        with zipfile.ZipFile(plan_path) as zf:
+            doc = json.loads(zf.read("tfstate").decode("utf-8"))
+    except (OSError, KeyError, ValueError, RecursionError, zipfile.BadZipFile, RuntimeError, NotImplementedError):
+        return None
+    serial = doc.get("serial", 0) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("lineage", ""), str) \
+            or not isinstance(serial, int) or isinstance(serial, bool):
+        return None
+    return {"lineage": doc.get("lineage") or "", "serial": doc.get("serial") or 0}
+
+
+def state_moved_message(plan_file: str, prior: Mapping[str, Any], current: Mapping[str, Any]) -> Optional[str]:
+    """Why the plan can no longer be applied to the state as it is now (``current``: the root's
+    state document), by terraform's own rule for a saved plan: the same lineage (unless the plan
+    was made before any state existed) and the same serial; None when it can."""
+    lineage, serial = current.get("lineage") or "", current.get("serial") or 0
+    first_plan = prior["lineage"] == "" and prior["serial"] == 0
+    if not first_plan and prior["lineage"] != lineage:
+        return ("STALE PLANFILE: %s was planned against state lineage %s and the root's state is now %s: the "
+                "state was replaced after the plan; nothing was applied -- plan again"
+                % (plan_file, prior["lineage"], ("lineage " + str(lineage)) if lineage else "empty"))
+    if prior["serial"] != serial:
+        return ("STALE PLANFILE: %s was planned against the root's state at serial %s and the state is now at serial "
+                "%s: another terraform operation changed it after the plan (terraform would refuse the plan file as "
+                "stale); nothing was applied -- plan again" % (plan_file, prior["serial"], serial))
+    return None
+
+
+def _check_state(root: str, plan_file: str, plan_path: str, binary: str) -> str:
+    """``""`` when the plan still applies to the root's state, the reason it cannot be told
+    otherwise (the plan file does not say); raises GateRefused when the state moved."""
+    prior = plan_prior_state(plan_path)
+    if prior is None:
+        return "not checked: %s does not name its state (terraform checks it at the apply)" % plan_file
+    try:
+        current = tfstate.read(root, binary)
+    except (CsisError, OSError, subprocess.SubprocessError) as exc:
+        raise GateError("the root's state could not be read to tell whether %s still applies to it: %s; nothing was "
+                        "applied" % (plan_file, exc)) from exc
+    msg = state_moved_message(plan_file, prior, current)
+    if msg:
+        raise GateRefused([msg])
+    return ""
+
+
+def verify_binding(project_path: str, plan_file: str = "tfplan", check_state: bool = False,
+                   binary: str = "terraform") -> Dict[str, Any]:
+    """Check, just BEFORE apply, that ``plan_file`` is the one the gate passed for this root as it
+    is now; with ``check_state``, also that the root's state is the one the plan was made against
+    (read as the record reads it, :func:`.tfstate.read`; ``binary`` for a ``state pull``)."""
     root = os.path.abspath(project_path)
     plan_path = plan_path_of(root, plan_file)
     if not os.path.isfile(plan_path):
@@ -304,6 +363,7 @@ def verify_binding(project_path: str, plan_file: str = "tfplan") -> Dict[str, An
     stale = stale_root_message(plan_file, binding, root_files(root, plan_path))
     if stale:
         raise GateRefused([stale])
+    state_note = _check_state(root, plan_file, plan_path, binary) if check_state else "not asked"
     return {
         "changed": False,
         "binding": binding_path(plan_path),
@@ -315,6 +375,7 @@ def verify_binding(project_path: str, plan_file: str = "tfplan") -> Dict[str, An
         "gated": gate.get("time"),
         "verdict": gate.get("verdict") or {},
         "summary": (gate.get("verdict") or {}).get("summary", ""),
+        "state_check": state_note or "the state is the one the plan was made against",
     }
 
 
