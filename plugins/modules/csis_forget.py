@@ -20,6 +20,9 @@ description:
     thing exists (a launched instance, a storage recorded C(active) or C(archived)) is forgotten only with I(force)
     (the endpoint shows it gone) or I(confirm). Where nothing looked it up (no id of it is recorded, or a storage type
     without a lookup, such as a generic C(tf-aws) one), only I(confirm), as nothing showed it gone.
+  - >-
+    A storage still declared C(destroyed) or C(archived) is refused - forgotten, it would be a new storage, which must
+    start C(active) (the tree would no longer validate). Remove its declaration first.
   - Terraform state is not touched.
   - Idempotent. Forgetting again what was forgotten last (the instance's last generation closed C(why=forgotten),
     the storage's last audit record its forget) changes nothing and reports C(already_forgotten); a name that nothing

@@ -17,20 +17,26 @@ description:
     wrong shape, an id already recorded for another storage, a storage recorded C(archived) (the import would leave
     its archive snapshot unreferenced; restore it, or destroy it, through its lifecycle), and an id the endpoint does
     not know or cannot be asked about.
-  - Writes through a meta-state transaction. When the storage's root is rendered and initialised
-    (C(generated/storage/<builder>/storage-generation/)) and its terraform state does not hold the resource, the
-    resource is imported there first (C(terraform import module.storage_<label>.<resource> <id>)), so the next storage
-    run manages it instead of planning its create; a state holding another id at that address is refused, unless that id is gone from the
-    endpoint (it is then removed from the state first). A root whose files do not declare the storage yet is
-    left to the storage run that renders it; a module call rendered since the root's last C(init) is installed
-    first (C(terraform get)). A failed import records nothing.
+  - Refuses what cannot be the storage's - a resource tagged with another tree's C(csis_config), a bucket of another
+    name than the storage's (its C(bucket_name), else its builder's, else its name), a volume that is an instance's
+    root volume - and an id that would take the place of the storage's recorded resource while that one still exists
+    (or cannot be looked up) - forget the storage first (C(playbooks/forget.yml ... confirm=true)) to mean it.
+  - Writes through a meta-state transaction. When the storage root's terraform state
+    (C(generated/storage/<builder>/storage-generation/)) does not hold the resource, the resource is imported there
+    first (C(terraform import module.storage_<label>.<resource> <id>), with the runtime's static keys), so the next
+    storage run manages it instead of planning its create; a state holding another id at that address is refused,
+    unless that id is gone from the endpoint (it is then removed from the state first). A root that is not
+    initialised against its backend (never rendered, rendered only by a dry run, an AWX job's fresh checkout) or
+    whose files do not declare the storage yet is rendered and initialised first, that root only, as a storage run's
+    render does it; a module call rendered since the root's last C(init) is installed first (C(terraform get)). A
+    failed import records nothing, and says what it did to the root before it failed.
   - Before anything is done to the root (when its state does not hold the resource yet), its S3 state lock is
     checked as the lifecycles' plan step checks it (docs/operations.md, "State is locked"). A lock left by a killed
     run of this machine (no process of this machine uses that state) is released, and so is a lock whose ID is in
     I(force_unlock) (a run on another machine, a killed AWX job, that the operator found gone); each release is put
     in the audit trail (V(state lock released), C(playbooks/history.yml)), and a step that fails after it says so.
-    Any other lock refuses the import, naming its holder, its age and its ID. A root the import leaves alone (its
-    state already holds the resource, or it is not rendered and initialised) is not looked at.
+    Any other lock refuses the import, naming its holder, its age and its ID. A root whose state already holds the
+    resource is not looked at.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
@@ -58,8 +64,8 @@ options:
     elements: str
 attributes:
   check_mode:
-    details: Checks the resource and the root's state lock and reports what it would record, import and release;
-      writes nothing. A lock a real run would refuse on is refused in check mode too.
+    details: Checks the resource and the root's state lock and reports what it would record, render, import and
+      release; writes nothing. A lock a real run would refuse on is refused in check mode too.
 """
 
 EXAMPLES = r"""
@@ -105,9 +111,10 @@ result:
           followed by what the import needed first, each in parentheses, when it did (an entry of a deleted
           resource removed, the module call installed, and C(released a stale state lock ...) or C(released the
           state lock ...) when the root's S3 state lock was released); C(would import ...) in check mode (its last
-          parenthesis C(after releasing the state lock ...) when a real run would release it first); C(terraform state
-          already holds ...); or C(terraform state not touched: ...) with the reason (the root not rendered and
-          initialised yet, or rendered before the storage was declared)."
+          parenthesis C(after releasing the state lock ...) when a real run would release it first), or
+          C(would render and initialise <root> (<why>), then import ...) for a root not initialised or not declaring
+          the storage yet; C(terraform state already holds ...); C(after rendering and initialising the root ...)
+          follows what was done when the import rendered it."
       type: str
       sample: "imported vol-0123456789abcdef0 into the terraform state of /srv/tree/generated/storage/aws-ebs/storage-generation
         as module.storage_mnt_data.aws_ebs_volume.this (released a stale state lock: ...)"
@@ -119,7 +126,8 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.ops import i
 
 def _import(module, p):
     res = import_storage(p["config_root"], p["storage"], p["storage_id"], overlays=p["overlays"], run=p["run"],
-                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"])
+                         check=module.check_mode, reveal=reveal_of(module), force_unlock=p["force_unlock"],
+                         render_root=True)
     return dict(changed=res["changed"], result=res)
 
 

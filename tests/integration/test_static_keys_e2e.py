@@ -6,7 +6,8 @@ The tree's runtime declares static credentials (``access_key_id``, ``secret_acce
 default credentials at all (no ``AWS_ACCESS_KEY_ID``, no default profile, no instance
 metadata). So a step that reached the runtime with the environment's credentials (what the
 boto3 steps did before: another account's, in a real setup) fails with "Unable to locate
-credentials" instead of passing. Run for real on the local endpoint: the create, then the
+credentials" instead of passing. Run for real on the local endpoint: the create, the state
+import of a volume made out of band (``terraform import`` reads the root's configuration), then the
 archive (the storage check of the recorded volume, the archive snapshot, the volume's
 destroy), then the drift report; each must reach the runtime with the tree's keys.
 """
@@ -73,7 +74,25 @@ def test_static_keys_reach_the_storage_check_the_archive_snapshot_and_drift(moto
         return run
 
     play("storage.yml", "create.log")
-    vid = e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+    old = e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]
+
+    # the volume deleted out of band and one like it made: the state import adopts it into the
+    # root's terraform state, whose `terraform import` reads the root's configuration, and so
+    # its static keys (TF_VAR_csis_aws_*, from the !vault values, as the plan step gives them)
+    ec2 = ep.client("ec2")
+    was = ec2.describe_volumes(VolumeIds=[old])["Volumes"][0]
+    ec2.delete_volume(VolumeId=old)
+    vid = ec2.create_volume(AvailabilityZone=was["AvailabilityZone"], Size=was["Size"], VolumeType=was["VolumeType"],
+                            Encrypted=was["Encrypted"])["VolumeId"]
+    imported = e2e.run_playbook("state_import.yml", root, endpoint_env, overlays=overlays, env=extra,
+                                args=["--vault-password-file", str(password_file)],
+                                extra_vars={"import_storage": "mnt_data", "storage_id": vid},
+                                log=str(tmp_path / "import.log"))
+    assert imported.rc == 0, imported.tail()
+    said = " ".join(imported.out.split())   # the YAML callback folds long lines
+    assert "imported %s into the terraform state of " % vid in said, imported.tail()
+    assert "(after removing %s, gone from the endpoint, from it)" % old in said, imported.tail()
+    assert SECRET_KEY not in imported.out
 
     # archive: the storage check looks the recorded volume up, the transition snapshots it
     storages = os.path.join(root, "storages", "storage0.yaml")
@@ -85,7 +104,6 @@ def test_static_keys_reach_the_storage_check_the_archive_snapshot_and_drift(moto
     assert "ok: [" in check, check  # it ran (a first create skips it: nothing recorded)
     record = e2e.meta(root, "storage-state.yaml")["storages"]["mnt_data"]
     assert record["state"] == "archived", record
-    ec2 = ep.client("ec2")
     snaps = ec2.describe_snapshots(OwnerIds=["self"], Filters=[
         {"Name": "tag:csis_storage", "Values": ["mnt_data"]}, {"Name": "tag:csis_config", "Values": [tree_id]}])["Snapshots"]
     assert [s["VolumeId"] for s in snaps] == [vid], snaps

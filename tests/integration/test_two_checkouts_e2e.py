@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import uuid
 
@@ -149,9 +150,19 @@ def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones
     assert res.returncode == 0, tail(res)
     assert "a real run would refuse to start: state: missing storage mnt_data" in text(res), tail(res)
 
+    # B is an AWX job's checkout: no generated/ (the project's .gitignore keeps it out), so its storage
+    # root is neither rendered nor initialised. The import renders and initialises it, then replaces
+    # the gone volume in the root's terraform state (shared with A's through the backend); recorded
+    # without it, the next storage run would plan the volume's create, which the gate refuses.
+    shutil.rmtree(os.path.join(b, "generated", "storage"), ignore_errors=True)
     new = ec2.create_volume(AvailabilityZone="us-east-2a", Size=100)["VolumeId"]
     res = Runner(b, ep).play("state_import.yml", import_storage="mnt_data", storage_id=new)
     assert res.returncode == 0, tail(res)
+    said = " ".join(text(res).split())
+    directory = os.path.join(b, "generated", "storage", "aws-ebs", "storage-generation")
+    assert ("imported %s into the terraform state of %s as module.storage_mnt_data.aws_ebs_volume.this (after "
+            "rendering and initialising the root: it was not initialised against its state backend) (after removing "
+            "%s, gone from the endpoint, from it)" % (new, directory, managed)) in said, tail(res)
     assert MetaState(b).load("drift.yaml")["hard"] == []  # its query ran again and cleared the record
 
     # A's own report, older than the record, still holds the line: A refuses (what its next real run

@@ -34,6 +34,17 @@ def fake(**handlers):
     return lambda service, access: Client()
 
 
+RECORDED = "vol-0aaaaaaaaaaaaaaaa"   # the volume the fixture records for mnt_data
+
+
+def volumes_but_the_recorded(VolumeIds):  # noqa: N803 - boto3's argument name
+    """describe_volumes: any id is an available volume, but the recorded one, gone (the import's
+    case: it replaces a volume deleted out of band)."""
+    if VolumeIds[0] == RECORDED:
+        raise Err("InvalidVolume.NotFound")
+    return {"Volumes": [{"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]}
+
+
 @pytest.fixture()
 def root(tmp_path):
     dest = str(tmp_path / "tree")
@@ -89,6 +100,35 @@ def test_forget_storage_refuses_while_it_exists_or_cannot_be_checked(root):
     assert MetaState(root).revision() == revision  # no transaction committed
     with pytest.raises(so.StateOpError, match="storage 'mnt_dat': nothing is recorded for it"):
         so.forget_storage(root, "mnt_dat", factory=present)
+
+
+def test_forget_refuses_a_storage_still_declared_destroyed_or_archived(root):
+    """Forgotten, a storage is one never applied, which must start active: one still declared
+    destroyed (or archived) would make the tree fail validation, and every run with it."""
+    import yaml
+    path = os.path.join(root, "storages", "storage0.yaml")
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    [entry] = [s for s in doc["storages"] if s["name"] == "mnt_data"]
+    entry["state"] = "destroyed"
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(doc, fh)
+    with MetaState(root).transaction("test") as txn:
+        data = txn.load("storage-state.yaml")
+        data["storages"]["mnt_data"]["state"] = "destroyed"
+        txn.save("storage-state.yaml", data)
+    with pytest.raises(so.StateOpError) as err:
+        so.forget_storage(root, "mnt_data", factory=fake())
+    assert str(err.value) == ("storage 'mnt_data' is still declared with state: destroyed; once forgotten it would be "
+                              "a new storage, which must start active, and the tree would no longer validate. Remove "
+                              "its declaration from storages/ first (or declare it active to have it created anew), "
+                              "then forget it")
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["state"] == "destroyed"
+    doc["storages"] = [s for s in doc["storages"] if s["name"] != "mnt_data"]
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(doc, fh)
+    assert so.forget_storage(root, "mnt_data", factory=fake())["was"] == "destroyed"
+    assert ms(root, "storage-state.yaml")["storages"] == {}
 
 
 def test_forget_storage_again_after_the_state_query_that_follows_it(root):
@@ -198,8 +238,7 @@ def test_import_storage_refusals(root):
         data["storages"]["mnt_data"] = {"state": "archived", "generation": 1, "facts": {
             "builder": "aws-ebs", "type": "ebs", "archive": "csis-mnt-data-archive"}}
         txn.save("storage-state.yaml", data)
-    found = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    found = fake(describe_volumes=volumes_but_the_recorded)
     with pytest.raises(so.StateOpError, match=r"storage 'mnt_data' is recorded archived \(its archive snapshot "
                                               r"csis-mnt-data-archive\): an import would record it active"):
         so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=found)
@@ -207,8 +246,7 @@ def test_import_storage_refusals(root):
 
 
 def test_import_storage_records_active_with_facts(root):
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
     assert res["changed"] and "storage-state.yaml" in res["written"]
     rec = ms(root, "storage-state.yaml")["storages"]["mnt_data"]
@@ -246,12 +284,26 @@ def test_import_into_a_root_rendered_before_the_storage_was_declared_leaves_its_
     refuse the import (no configuration for the address); the record is made and the state left
     to the storage run that renders the storage, as for a root never rendered."""
     directory = _initialised_root(root, module_line=False)
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
     assert res["terraform"] == ("terraform state not touched: %s was rendered before storage 'mnt_data' was declared "
                                 "(a storage run renders it and stops at the gate; then state import again)" % directory)
     assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == "vol-0bbbbbbbbbbbbbbbb"
+
+
+def test_import_into_a_root_rendered_before_the_storage_was_declared_renders_it_first(root):
+    """The root is initialised but its files do not declare the storage yet: terraform would
+    refuse the import (no configuration for the address); the import renders the root first, as a
+    storage run would, when asked (csis_state_import asks; check mode says so; the real render is
+    tests/integration's)."""
+    directory = _initialised_root(root, module_line=False)
+    vols = fake(describe_volumes=volumes_but_the_recorded)
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, render_root=True)
+    assert res["terraform"] == ("would render and initialise %s (rendered before storage 'mnt_data' was declared), then "
+                                "import vol-0bbbbbbbbbbbbbbbb into its terraform state as "
+                                "module.storage_mnt_data.aws_ebs_volume.this" % directory)
+    assert res["changed"] is True and res["written"] == []
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == RECORDED
 
 
 @pytest.mark.parametrize("installed", [(), ("storage_mnt_data",)])
@@ -260,8 +312,7 @@ def test_import_into_a_root_rendered_again_since_its_init_installs_the_module_fi
     nothing (terraform would say "Module not installed"): the import installs it first (check
     mode says so); an installed module needs nothing."""
     directory = _initialised_root(root, installed=installed)
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols)
     after = "" if installed else " (after installing its module storage_mnt_data)"
     assert res["terraform"] == "would import vol-0bbbbbbbbbbbbbbbb into the terraform state of %s as " \
@@ -283,8 +334,7 @@ def test_check_mode_of_an_import_checks_the_state_lock_as_a_real_run(root, monke
                                 lock="the lock (lock ID abc); its holder on this machine is gone" if releasable else None)
 
     monkeypatch.setattr(so, "check_and_release", locked)
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     revision = MetaState(root).revision()
     if releasable:
         res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, force_unlock=["abc"])
@@ -306,8 +356,7 @@ def test_a_lock_the_import_released_is_audited_and_named_when_the_import_then_fa
     asked = []
     monkeypatch.setattr(so, "check_and_release", lambda *a, **k: asked.append(k) or {"released": True, "msg": said, "locked": True})
     before = ms(root, "storage-state.yaml")
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     with pytest.raises(so.StateOpError, match=r"(?s)get -no-color failed in .* \(before it, %s\)$" % re.escape(said)):
         so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r9", factory=vols, force_unlock=["x"])
     events = [e for d in audit_trail(MetaState(root)) for e in d.get("events") or []]
@@ -322,8 +371,7 @@ def test_check_mode_of_an_import_into_terraform_alone_reports_the_change(root):
     """The record already holds the storage (an earlier state import, before its root was
     initialised): a real run only imports into terraform and reports changed, so check mode
     reports changed too ("would import"), and writes nothing."""
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
     _initialised_root(root, installed=("storage_mnt_data",))
     revision = MetaState(root).revision()
@@ -336,8 +384,7 @@ def test_check_mode_of_an_import_into_terraform_alone_reports_the_change(root):
 def test_an_import_both_records_and_state_already_hold_changes_nothing(root, check):
     """The record holds the storage and the root's state holds its id at the storage's address:
     nothing to do, in a real run and in check mode (the change is a flag beside the message)."""
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
     directory = _initialised_root(root, installed=("storage_mnt_data",))
     with open(os.path.join(directory, "terraform.tfstate"), "w", encoding="utf-8") as fh:
@@ -360,8 +407,96 @@ def test_import_leaves_a_root_only_a_dry_run_rendered_to_its_first_run(root):
     os.makedirs(os.path.join(directory, ".terraform"))
     with open(os.path.join(directory, ".terraform", "csis-prepared.json"), "w", encoding="utf-8") as fh:
         fh.write("{}")
-    vols = fake(describe_volumes=lambda VolumeIds: {"Volumes": [
-        {"VolumeId": VolumeIds[0], "State": "available", "Size": 100, "AvailabilityZone": "us-east-2a"}]})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r3", factory=vols)
     assert res["terraform"] == "terraform state not touched: %s is not rendered and initialised yet" % directory
     assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == "vol-0bbbbbbbbbbbbbbbb"
+
+
+def test_import_into_a_root_only_a_dry_run_rendered_renders_and_initialises_it(root):
+    """A dry run renders the storage root and stamps it (.terraform/csis-prepared.json) but
+    initialises no backend, and an AWX job's checkout has no generated/ at all: terraform there
+    would fail ("Module not installed"), and a record without the state's import would leave the
+    storage's create planned (refused by the gate for a recorded storage). The import renders and
+    initialises the root first (check mode says it would)."""
+    directory = os.path.join(root, "generated", "storage", "aws-ebs", "storage-generation")
+    vols = fake(describe_volumes=volumes_but_the_recorded)
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, render_root=True)
+    assert res["terraform"].startswith("would render and initialise %s (not initialised against its state backend), "
+                                       "then import vol-0bbbbbbbbbbbbbbbb" % directory), res["terraform"]
+    os.makedirs(os.path.join(directory, ".terraform"))
+    with open(os.path.join(directory, ".terraform", "csis-prepared.json"), "w", encoding="utf-8") as fh:
+        fh.write("{}")
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, render_root=True)
+    assert res["terraform"].startswith("would render and initialise %s (not initialised" % directory), res["terraform"]
+    assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == RECORDED
+
+
+def _volume(state="available", tags=None, attached=None):
+    def describe(VolumeIds):  # noqa: N803 - boto3's argument name
+        if VolumeIds[0] == RECORDED and state != "recorded-too":
+            raise Err("InvalidVolume.NotFound")
+        v = {"VolumeId": VolumeIds[0], "State": "in-use" if attached else "available", "Size": 100,
+             "AvailabilityZone": "us-east-2a", "Tags": [{"Key": k, "Value": v} for k, v in (tags or {}).items()]}
+        if attached:
+            v["Attachments"] = [{"InstanceId": attached, "State": "attached"}]
+        return {"Volumes": [v]}
+    return describe
+
+
+def test_an_import_over_a_recorded_volume_that_still_exists_is_refused(root):
+    """mnt_data's recorded volume still exists: importing another would leave the data the tree runs
+    on unmanaged (and called foreign by the state query). Forget the storage first to mean it."""
+    before = ms(root, "storage-state.yaml")
+    live = fake(describe_volumes=_volume(state="recorded-too"))
+    with pytest.raises(so.StateOpError) as err:
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=live)
+    assert str(err.value) == (
+        "storage 'mnt_data' is recorded with volume vol-0aaaaaaaaaaaaaaaa, which still exists (available): importing "
+        "vol-0bbbbbbbbbbbbbbbb would leave it unmanaged (the state query would call it foreign). If vol-0bbbbbbbbbbbbbbbb "
+        "is to take its place, forget the storage first (playbooks/forget.yml -e forget_storage=mnt_data -e "
+        "confirm=true), then import it; not imported")
+
+    def unknown(VolumeIds):  # noqa: N803
+        if VolumeIds[0] == RECORDED:
+            raise Err("InternalError")
+        return _volume()(VolumeIds)
+    with pytest.raises(so.StateOpError, match=r"^storage 'mnt_data': cannot tell whether its recorded volume "
+                                              r"vol-0aaaaaaaaaaaaaaaa still exists \(.*InternalError.*\): not imported over it$"):
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=fake(describe_volumes=unknown))
+    assert ms(root, "storage-state.yaml") == before
+    # the recorded volume itself (a record made again, the state already holding it) is no replacement
+    res = so.import_storage(root, "mnt_data", RECORDED, check=True, factory=live)
+    assert res["id"] == RECORDED
+
+
+def test_an_import_of_what_cannot_be_the_storage_is_refused(root):
+    before = ms(root, "storage-state.yaml")
+    theirs = fake(describe_volumes=_volume(tags={"csis_config": "csis-payroll"}))
+    with pytest.raises(so.StateOpError) as err:
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=theirs)
+    assert str(err.value) == ("storage 'mnt_data': volume vol-0bbbbbbbbbbbbbbbb carries csis_config=csis-payroll, another "
+                              "tree's tag (this tree is csis-example): it is that tree's, not imported")
+    # an instance's root volume (in-use at the instance's root device)
+    root_disk = fake(describe_volumes=_volume(attached="i-0web"), describe_instances={"Reservations": [{"Instances": [{
+        "InstanceId": "i-0web", "RootDeviceName": "/dev/sda1",
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeId": "vol-0bbbbbbbbbbbbbbbb"}}]}]}]})
+    with pytest.raises(so.StateOpError) as err:
+        so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", factory=root_disk)
+    assert str(err.value) == ("storage 'mnt_data': volume vol-0bbbbbbbbbbbbbbbb is the root volume of instance i-0web "
+                              "(/dev/sda1), not a storage volume: not imported")
+    # a bucket of another name than the storage's
+    with pytest.raises(so.StateOpError) as err:
+        so.import_storage(root, "default-bucket", "csis-other-bucket", factory=fake(get_bucket_tagging={"TagSet": []}))
+    assert str(err.value).startswith("storage 'default-bucket': its bucket is csis-example-default-bucket (the storage's "
+                                     "bucket_name, else its builder's, else its name); bucket csis-other-bucket is "
+                                     "another"), str(err.value)
+    assert ms(root, "storage-state.yaml") == before
+    # a data volume attached to a machine at another device (mounted by it: a record forgotten, imported again)
+    data_disk = fake(describe_volumes=_volume(attached="i-0web"), describe_instances={"Reservations": [{"Instances": [{
+        "InstanceId": "i-0web", "RootDeviceName": "/dev/sda1",
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeId": "vol-0root"}},
+                                {"DeviceName": "/dev/sdf", "Ebs": {"VolumeId": "vol-0bbbbbbbbbbbbbbbb"}}]}]}]})
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", run="r5", factory=data_disk)
+    assert res["changed"] and ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == \
+        "vol-0bbbbbbbbbbbbbbbb"

@@ -157,6 +157,21 @@ def root_credentials(secret_map: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def tf_secret_env(runtime: Any, reveal: Optional[Reveal]) -> Dict[str, str]:
+    """``{TF_VAR_<variable>: clear text}`` of a runtime's set credentials fields: what the action
+    plugins give terraform from :func:`tf_secrets` (``plugin_utils/vault.py``), for a terraform run
+    the library starts itself (a state import). ``reveal``: :func:`revealer`'s (None: no vault
+    secret was given, and a ``!vault`` value raises ConfigError naming its file and key)."""
+    show = reveal or revealer(None)
+    out: Dict[str, str] = {}
+    creds = getattr(runtime, "credentials", None)
+    for field, variable, _arg in CREDENTIAL_VARIABLES:
+        value = getattr(creds, field, None)
+        if isinstance(value, (Vaulted, str)):
+            out["TF_VAR_" + variable] = show(value)
+    return out
+
+
 def tf_secrets(runtime: Any) -> Dict[str, Dict[str, str]]:
     """``{TF_VAR_<variable>: {"file", "key", "vault": ciphertext} | {"value": clear text}}`` of a
     runtime's set credentials fields (:data:`CREDENTIAL_VARIABLES`); {} when it has none."""

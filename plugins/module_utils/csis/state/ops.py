@@ -37,11 +37,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import terraform, tfstate
 from ..apply.statelock import CONFIRM_BY_STATE_IMPORT, StateLockError, check_and_release
-from ..aws import ClientFactory, Endpoint, tree_access
+from ..aws import ClientFactory, Endpoint, error_text, tree_access
 from ..clock import now
 from ..config.loader import load_tree
 from ..config.names import archive_snapshot_name, label
-from ..config.secrets import Reveal
+from ..config.models import bucket_for
+from ..config.secrets import Reveal, tf_secret_env
 from ..config.validate import read_meta
 from ..errors import CsisError
 from ..render.plan import root_dir
@@ -173,6 +174,14 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
             return _already("storage", name, "revision %s, %s" % (trail[-1].get("revision"), trail[-1].get("time")))
         raise StateOpError("storage '%s': nothing is recorded for it (recorded storages: %s)"
                            % (name, ", ".join(sorted(recs)) or "none"))
+    declared = tree.storages.get(name)
+    if declared is not None and declared.state != "active":
+        # forgotten, it is a storage never applied, which must start active (validate refuses it
+        # otherwise, and every run with it)
+        raise StateOpError("storage '%s' is still declared with state: %s; once forgotten it would be a new storage, "
+                           "which must start active, and the tree would no longer validate. Remove its declaration "
+                           "from storages/ first (or declare it active to have it created anew), then forget it"
+                           % (name, declared.state))
     exp = expectations(tree, meta)["storages"].get(name)
     checked = NOT_LOOKED_UP + (" (recorded destroyed)" if recs[name].get("state") == "destroyed"
                                else " (a storage of its type has no lookup)" if exp is None
@@ -219,13 +228,16 @@ _TF_RESOURCE = {"ebs": "aws_ebs_volume.this", "efs": "aws_efs_file_system.this",
 
 
 def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_id: str, check: bool,
-                        gone: Any = None, force_unlock: Optional[Sequence[str]] = (), run: Optional[str] = None) -> Tuple[bool, str]:
+                        gone: Any = None, force_unlock: Optional[Sequence[str]] = (), run: Optional[str] = None,
+                        reveal: Optional[Reveal] = None, overlays: Any = (), render_root: bool = False) -> Tuple[bool, str]:
     """Make the storage root's terraform state hold ``storage_id`` at the storage's address, so the
     next storage run manages the imported resource instead of planning its create (which the gate
-    refuses for a recorded storage). Only an initialised root (``init`` recorded its backend) is
-    touched; a root never rendered, or rendered only by a dry run (whose ``.terraform/`` holds no
-    backend), is left to its first run (which then plans the create: see docs/drift.md), as is one
-    whose files do not declare the storage yet. A module call rendered since the root's last
+    refuses for a recorded storage). A root that is not initialised against its backend (never
+    rendered, rendered only by a dry run, or in a checkout that keeps no ``generated/``: every AWX
+    job's), or whose files do not declare the storage yet, is rendered and initialised first with
+    ``render_root`` (what csis_state_import asks), as a storage run's render does it (only that
+    root: ``render(..., only_roots=[...])``; check mode says it would); without it, such a root is
+    left to the storage run (and the result says so). A module call rendered since the root's last
     ``init`` (a dry run after the storage was declared) is installed first (``terraform get``).
 
     A state that holds another id there is refused, unless ``gone(id)`` says every id it holds
@@ -237,17 +249,30 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     ``csis_force_unlock``), is released and the release is put in the audit trail; any other lock
     refuses the import (check mode says what a real run would release, or refuses the same way).
 
+    ``terraform import`` reads the root's configuration, so it runs with the root's variables the
+    lifecycles give it from the environment: the builder runtime's static keys
+    (``TF_VAR_csis_aws_*``, revealed by ``reveal``), as csis_plan's action plugin gives them.
+
     Returns (whether the state was changed, or in check mode would be; what was done, for the
     operator)."""
     directory = os.path.join(tree.root, root_dir("storage", builder.name))
     call = "storage_%s" % label(name)
     address = "module.%s.%s" % (call, _TF_RESOURCE[stype])
     data_dir = os.environ.get("TF_DATA_DIR")
-    if tfstate.backend_of(directory, data_dir) is None:  # no init recorded a backend
+    rendered = ""
+    if tfstate.backend_of(directory, data_dir) is None and not render_root:  # no init recorded a backend
         return False, "terraform state not touched: %s is not rendered and initialised yet" % directory
-    if not _declares_module(directory, call):
+    if not _declares_module(directory, call) and not render_root:
         return False, ("terraform state not touched: %s was rendered before storage '%s' was declared (a storage run "
                        "renders it and stops at the gate; then state import again)" % (directory, name))
+    if tfstate.backend_of(directory, data_dir) is None or not _declares_module(directory, call):
+        why = ("not initialised against its state backend" if tfstate.backend_of(directory, data_dir) is None
+               else "rendered before storage '%s' was declared" % name)
+        if check:
+            return True, ("would render and initialise %s (%s), then import %s into its terraform state as %s"
+                          % (directory, why, storage_id, address))
+        _render_root(tree, builder, overlays)
+        rendered = " (after rendering and initialising the root: it was %s)" % why
     ex = tree.executables.get(builder.executable or "")
     binary = ex.binary if ex else "terraform"
     # rendered again since its last init (a dry run after the storage was declared): the module
@@ -262,7 +287,7 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
             if r.get("mode") == "managed" and "%s.%s.%s" % (r.get("module"), r.get("type"), r.get("name")) == address
             for i in r.get("instances") or []]
     if held == [storage_id]:
-        return False, "terraform state already holds %s as %s" % (storage_id, address)
+        return bool(rendered), "terraform state already holds %s as %s%s" % (storage_id, address, rendered)
     stale = bool(held) and gone is not None and all(gone(h) for h in held)
     if held and not stale:
         raise StateOpError("storage '%s': the terraform state of %s holds %s as %s, not %s: remove it first "
@@ -272,25 +297,46 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
     installed = " (after installing its module %s)" % call if install else ""
     lock = _release_state_lock(tree, builder, directory, binary, check, force_unlock, run)
+    rt = tree.builder_runtime(builder)
+    secret_env = tf_secret_env(rt, reveal) if rt is not None else {}
+    done: List[str] = []   # what changed the root before a step that failed (said with the failure)
     released = " (%s)" % lock if lock else ""
     if check:
         return True, "would import %s into the terraform state of %s as %s%s%s%s" % (
             storage_id, directory, address, dropped, installed, released)
+    if rendered:
+        done.append("the root was rendered and initialised")
 
     def run_or_fail(args: List[str]) -> None:
-        res = terraform.run(binary, args, directory)
+        res = terraform.run(binary, args, directory, extra_env=secret_env)
         if res["rc"] != 0:  # a lock released before it stays said (it is in the audit trail too)
+            before = ([lock] if lock else []) + done
             raise StateOpError("storage '%s': %s failed in %s (rc %d): %s%s"
                                % (name, res["cmd"], directory, res["rc"], (res["stderr"] or res["stdout"]).strip()[-1500:],
-                                  " (before it, %s)" % lock if lock else ""))
+                                  " (before it, %s)" % "; ".join(before) if before else ""))
 
     if install:
         run_or_fail(["get", "-no-color"])
     if stale:
         run_or_fail(["state", "rm", "-no-color", address])
+        done.append("%s, gone from the endpoint, was removed from the terraform state (%s holds nothing now: the next "
+                    "storage run plans its create, which the gate refuses for a recorded storage; state import again "
+                    "once the error is mended)" % (", ".join(str(h) for h in held), address))
     run_or_fail(["import", "-input=false", "-no-color", address, storage_id])
-    return True, "imported %s into the terraform state of %s as %s%s%s%s" % (storage_id, directory, address, dropped,
-                                                                             installed, released)
+    return True, "imported %s into the terraform state of %s as %s%s%s%s%s" % (
+        storage_id, directory, address, rendered, dropped, installed, released)
+
+
+def _render_root(tree: Any, builder: Any, overlays: Any) -> None:
+    """Render and initialise the storage root of ``builder`` as a storage run's render does it
+    (written for real, ``init -reconfigure`` against its backend), and no other root."""
+    from ..render.pipeline import render  # the render imports the state library: not at import time
+    try:
+        render(tree.root, ["storage"], dry_run=False, overlays=overlays or (), workers=1,
+               only_roots=["storage-%s" % builder.name])
+    except CsisError as exc:
+        raise StateOpError("the storage root of builder '%s' could not be rendered and initialised for the import: "
+                           "%s; nothing was imported or recorded" % (builder.name, exc)) from exc
 
 
 def _release_state_lock(tree: Any, builder: Any, directory: str, binary: str, check: bool,
@@ -342,9 +388,63 @@ def _installed_modules(directory: str, data_dir: Optional[str]) -> set:
     return {m.get("Key") for m in mods or [] if isinstance(m, dict) and isinstance(m.get("Key"), str)}
 
 
+def _refuse_foreign(tree: Any, ep: Endpoint, st: Any, builder: Any, name: str, stype: str, storage_id: str,
+                    obs: Dict[str, Any]) -> None:
+    """Refuse a resource that cannot be the storage's: another tree's (its ``csis_config`` tag), a
+    bucket of another name than the storage's (the root manages the declared name: any other would
+    be planned as its replacement), a volume that is an instance's root volume."""
+    tag = tree.resource_tag()["csis_config"]
+    other = (obs.get("tags") or {}).get("csis_config")
+    if other and tag and other != tag:
+        raise StateOpError("storage '%s': %s %s carries csis_config=%s, another tree's tag (this tree is %s): it is "
+                           "that tree's, not imported" % (name, obs.get("what"), storage_id, other, tag))
+    if stype == "s3" and storage_id != bucket_for(st, builder):
+        raise StateOpError("storage '%s': its bucket is %s (the storage's bucket_name, else its builder's, else its name); "
+                           "bucket %s is another: the storage root manages the declared name, and would plan the "
+                           "imported bucket's replacement. Import %s, or declare bucket_name: %s"
+                           % (name, bucket_for(st, builder), storage_id, bucket_for(st, builder), storage_id))
+    if stype != "ebs" or not obs.get("attached_to"):
+        return
+    try:
+        resv = ep.call("ec2", "describe_instances", InstanceIds=sorted(set(obs["attached_to"]))).get("Reservations") or []
+    except Exception as exc:  # noqa: BLE001 - said, and nothing recorded
+        raise StateOpError("storage '%s': cannot check the instances volume %s is attached to (%s): %s"
+                           % (name, storage_id, ", ".join(obs["attached_to"]), error_text(exc))) from exc
+    for inst in (i for r in resv for i in r.get("Instances") or []):
+        for bdm in inst.get("BlockDeviceMappings") or []:
+            if (bdm.get("Ebs") or {}).get("VolumeId") == storage_id and bdm.get("DeviceName") == inst.get("RootDeviceName"):
+                raise StateOpError("storage '%s': volume %s is the root volume of instance %s (%s), not a storage "
+                                   "volume: not imported" % (name, storage_id, inst.get("InstanceId"), bdm.get("DeviceName")))
+
+
+def _refuse_replacing_a_live_one(rec: Dict[str, Any], name: str, id_key: str, storage_id: str, look: Any) -> None:
+    """Refuse to record ``storage_id`` over the storage's recorded resource while that one still
+    exists (or cannot be told gone): it would be left unmanaged, and the state query would call the
+    data the tree runs on foreign. ``forget.yml ... confirm=true`` first says that is meant."""
+    recorded = (rec.get("facts") or {}).get(id_key)
+    if not recorded or recorded == storage_id or rec.get("state") in (None, "destroyed"):
+        return
+    seen = look(str(recorded))
+    if "error" in seen:
+        raise StateOpError("storage '%s': cannot tell whether its recorded %s %s still exists (%s): not imported over it"
+                           % (name, seen.get("what"), recorded, seen["error"]))
+    if seen.get("present"):
+        raise StateOpError("storage '%s' is recorded with %s %s, which still exists (%s%s): importing %s would leave it "
+                           "unmanaged (the state query would call it foreign). If %s is to take its place, forget the "
+                           "storage first (playbooks/forget.yml -e forget_storage=%s -e confirm=true), then import it; "
+                           "not imported"
+                           % (name, seen.get("what"), recorded, seen.get("state"),
+                              ", attached to %s" % ", ".join(seen["attached_to"]) if seen.get("attached_to") else "",
+                              storage_id, storage_id, name))
+
+
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
                    check: bool = False, factory: Optional[ClientFactory] = None,
-                   reveal: Optional[Reveal] = None, force_unlock: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
+                   reveal: Optional[Reveal] = None, force_unlock: Optional[Sequence[str]] = (),
+                   render_root: bool = False) -> Dict[str, Any]:
+    """Record the existing resource ``storage_id`` as the declared storage ``name`` (and import it
+    into the storage root's terraform state: :func:`_terraform_adoption`; ``render_root``: render
+    and initialise that root first when it is not, as csis_state_import does)."""
     tree, meta = _load(config_root, overlays)
     st = tree.storages.get(name)
     if st is None:
@@ -396,6 +496,8 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
         raise StateOpError("storage '%s': %s %s does not exist at %s" % (name, obs["what"], storage_id, where))
     if obs.get("state") not in ("available", "in-use"):
         raise StateOpError("storage '%s': %s %s is %s, not available" % (name, obs["what"], storage_id, obs.get("state")))
+    _refuse_foreign(tree, ep, st, builder, name, stype, storage_id, obs)
+    _refuse_replacing_a_live_one(recs.get(name) or {}, name, id_key, storage_id, look)
     facts: Dict[str, Any] = {"builder": builder.name, "type": stype}
     if stype == "ebs":
         facts.update(volume_id=storage_id, availability_zone=obs.get("availability_zone"), size=obs.get("size"),
@@ -409,7 +511,7 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
                               "changed": True}
     # terraform first: a failed import leaves meta-state as it was
     adopted, result["terraform"] = _terraform_adoption(tree, builder, name, stype, storage_id, check, gone,
-                                                       force_unlock, run)
+                                                       force_unlock, run, reveal, overlays, render_root)
     old = recs.get(name) or {}
     if old.get("state") == "active" and all((old.get("facts") or {}).get(k) == v for k, v in facts.items()):
         # the record as it is: changed only by the import into terraform (check mode: one that would run)
