@@ -83,6 +83,31 @@ def test_check_mode_asks_for_no_approval_and_changes_nothing(tree):
     assert meta_bytes(tree.root) == before
 
 
+def test_a_real_cascade_refuses_on_hard_drift_before_its_approval(tree):
+    """What every phase's render refuses to start on (here the last state query's HARD line, kept in
+    meta-state) stops the real cascade before it asks for, and records, its one approval: not after
+    the approval, at the first phase, leaving an approval in the trail for work that never ran."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import record_hard
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState, audit_trail
+
+    line = {"kind": "storage", "name": "mnt_data", "drift": "missing", "hard": True,
+            "detail": "recorded active but not found in reality (volume vol-0gone)"}
+    record_hard(tree.root, {"drift": [line]})
+    try:
+        revision = MetaState(tree.root).revision()
+        res = tree.play("destroy_environment.yml", csis_environment=ENV)
+        assert res.returncode != 0, tail(res)
+        out = " ".join(text(res).split())
+        assert "state: missing storage mnt_data: recorded active but not found in reality (volume vol-0gone)" in out, \
+            tail(res)
+        assert "Plan:" not in out and "Type 'yes'" not in out, tail(res)
+        assert MetaState(tree.root).revision() == revision   # no approval recorded, nothing else
+        assert not [d for d in audit_trail(MetaState(tree.root))
+                    if any(e.get("kind") == "cascade approved" for e in d.get("events") or [])]
+    finally:
+        record_hard(tree.root, {"drift": []})  # the line cleared, as a state query that saw the volume does
+
+
 def test_the_cascade_destroys_leaves_first(tree):
     ec2 = tree.moto.client("ec2")
     vol = meta(tree.root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"]

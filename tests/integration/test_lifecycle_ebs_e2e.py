@@ -174,7 +174,7 @@ def test_no_approval_on_a_non_interactive_stdin(ebs, moto_endpoint):
     run = e2e.run_playbook("storage.yml", ebs.root, moto_endpoint.env, overlays=overlays(moto_endpoint),
                            auto_approve=False, log=ebs.log("no-approval.log"))
     assert run.rc != 0
-    assert "Not approved (stdin is not interactive): nothing applied." in run.out, run.tail()
+    assert "Not approved (no answer: stdin is not interactive, or an empty line): nothing applied." in run.out, run.tail()
     assert "Apply exactly that plan file" not in run.out
     assert volume(moto_endpoint, ebs.vid)["Size"] == 100
     assert e2e.meta_state_digest(ebs.root) == before
