@@ -20,7 +20,8 @@ description:
   - Refuses what cannot be the storage's - a resource tagged with another tree's C(csis_config), a bucket of another
     name than the storage's (its C(bucket_name), else its builder's, else its name), a volume that is an instance's
     root volume - and an id that would take the place of the storage's recorded resource while that one still exists
-    (or cannot be looked up) - forget the storage first (C(playbooks/forget.yml ... confirm=true)) to mean it.
+    (or cannot be looked up) - forget the storage first (C(playbooks/forget.yml ... confirm=true)) and remove the old
+    resource from the root's terraform state (C(state rm), the message gives the command) to mean it.
   - Writes through a meta-state transaction. When the storage root's terraform state
     (C(generated/storage/<builder>/storage-generation/)) does not hold the resource, the resource is imported there
     first (C(terraform import module.storage_<label>.<resource> <id>), with the runtime's static keys), so the next
@@ -65,7 +66,8 @@ options:
 attributes:
   check_mode:
     details: Checks the resource and the root's state lock and reports what it would record, render, import and
-      release; writes nothing. A lock a real run would refuse on is refused in check mode too.
+      release; writes nothing. A lock a real run would refuse on is refused in check mode too, in a root initialised
+      against its backend here (check mode initialises nothing).
 """
 
 EXAMPLES = r"""

@@ -81,7 +81,8 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONF
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.drift import check_recorded_storages
 
 FIX = ("not planning storage {name}: terraform would create it again, empty. Gone for good: playbooks/forget.yml "
-       "-e forget_storage={name} -e force=true; replaced: playbooks/state_import.yml -e import_storage={name} -e storage_id=<id> "
+       "-e forget_storage={name} -e force=true (a storage declared archived or destroyed: remove its declaration from "
+       "storages/ first); replaced: playbooks/state_import.yml -e import_storage={name} -e storage_id=<id> "
        "(docs/drift.md)")
 
 

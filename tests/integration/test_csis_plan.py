@@ -279,3 +279,30 @@ def test_a_state_another_run_changed_after_the_plan_is_refused_before_the_apply(
     assert res.returncode == 2, res.stdout[-3000:]
     assert "STALE PLANFILE: tfplan was planned against the root's state at serial" in res.stdout
     assert not os.path.exists(os.path.join(root, "must-not-exist"))
+
+
+def test_the_state_check_reads_a_backends_state_object_directly(tmp_path):
+    """With a backend block (the roots csis renders have one), the check reads the state object
+    itself (tfstate.read_direct: here the local backend's file), not through `state pull`."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis import tfstate
+
+    d = tmp_path / "backend"
+    d.mkdir()
+    (d / "main.tf").write_text(MAIN_TF + 'terraform {\n  backend "local" {\n    path = "state/main.tfstate"\n  }\n}\n')
+    tf(str(d), "init", "-input=false", "-no-color")
+    root = str(d)
+    make_plan(root)
+    run_gate(root, "tfplan")
+    apply(root)
+    make_plan(root, variables={"n": 2})
+    run_gate(root, "tfplan")
+    assert tfstate.read_direct(root)["serial"] == 1          # read without terraform
+    assert b.verify_binding(root, "tfplan", check_state=True)["state_check"] == \
+        "the state is the one the plan was made against"
+    tf(root, "apply", "-auto-approve", "-input=false", "-no-color", "-var", "n=3")
+    serial = tfstate.read_direct(root)["serial"]
+    with pytest.raises(GateRefused) as exc:
+        b.verify_binding(root, "tfplan", check_state=True)
+    assert exc.value.messages[0].startswith(
+        "STALE PLANFILE: tfplan was planned against the root's state at serial 1 and the state is now at serial %d: "
+        % serial), exc.value.messages

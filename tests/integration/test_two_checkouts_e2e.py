@@ -161,7 +161,7 @@ def test_hard_drift_found_from_one_checkout_stops_a_real_run_of_the_other(clones
     said = " ".join(text(res).split())
     directory = os.path.join(b, "generated", "storage", "aws-ebs", "storage-generation")
     assert ("imported %s into the terraform state of %s as module.storage_mnt_data.aws_ebs_volume.this (after "
-            "rendering and initialising the root: it was not initialised against its state backend) (after removing "
+            "rendering and initialising the root: it was not initialised for a real run) (after removing "
             "%s, gone from the endpoint, from it)" % (new, directory, managed)) in said, tail(res)
     assert MetaState(b).load("drift.yaml")["hard"] == []  # its query ran again and cleared the record
 

@@ -422,7 +422,7 @@ def test_import_into_a_root_only_a_dry_run_rendered_renders_and_initialises_it(r
     directory = os.path.join(root, "generated", "storage", "aws-ebs", "storage-generation")
     vols = fake(describe_volumes=volumes_but_the_recorded)
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, render_root=True)
-    assert res["terraform"].startswith("would render and initialise %s (not initialised against its state backend), "
+    assert res["terraform"].startswith("would render and initialise %s (not initialised for a real run), "
                                        "then import vol-0bbbbbbbbbbbbbbbb" % directory), res["terraform"]
     os.makedirs(os.path.join(directory, ".terraform"))
     with open(os.path.join(directory, ".terraform", "csis-prepared.json"), "w", encoding="utf-8") as fh:
@@ -430,6 +430,26 @@ def test_import_into_a_root_only_a_dry_run_rendered_renders_and_initialises_it(r
     res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, render_root=True)
     assert res["terraform"].startswith("would render and initialise %s (not initialised" % directory), res["terraform"]
     assert ms(root, "storage-state.yaml")["storages"]["mnt_data"]["facts"]["volume_id"] == RECORDED
+
+
+def test_a_root_with_local_state_a_real_run_prepared_is_initialised(root, monkeypatch):
+    """A tree without state backends (the default: local state in the root) has no backend in its
+    .terraform/; a real run's render prepared it (its stamp's real key): the import goes to its state
+    as it is, not through another render (which would say, untrue, that it was not initialised)."""
+    directory = os.path.join(root, "generated", "storage", "aws-ebs", "storage-generation")
+    os.makedirs(os.path.join(directory, ".terraform", "modules"))
+    with open(os.path.join(directory, ".terraform", "csis-prepared.json"), "w", encoding="utf-8") as fh:
+        json.dump({"real": "k1", "dry": "k0"}, fh)
+    with open(os.path.join(directory, ".terraform", "modules", "modules.json"), "w", encoding="utf-8") as fh:
+        json.dump({"Modules": [{"Key": "storage_mnt_data", "Source": "../m", "Dir": "../m"}]}, fh)
+    with open(os.path.join(directory, "aws-ebs-storage-generation-storage-mnt_data.tf"), "w", encoding="utf-8") as fh:
+        fh.write('module "storage_mnt_data" {\n  source = "../m"\n}\n')
+    # (its state, as `state pull` reads it there: tests/integration/test_tfstate_direct.py reads real ones)
+    monkeypatch.setattr(so.tfstate, "read", lambda directory, binary="terraform": {"resources": [], "outputs": {}})
+    vols = fake(describe_volumes=volumes_but_the_recorded)
+    res = so.import_storage(root, "mnt_data", "vol-0bbbbbbbbbbbbbbbb", check=True, factory=vols, render_root=True)
+    assert res["terraform"] == ("would import vol-0bbbbbbbbbbbbbbbb into the terraform state of %s as "
+                                "module.storage_mnt_data.aws_ebs_volume.this" % directory), res["terraform"]
 
 
 def _volume(state="available", tags=None, attached=None):
@@ -455,7 +475,9 @@ def test_an_import_over_a_recorded_volume_that_still_exists_is_refused(root):
         "storage 'mnt_data' is recorded with volume vol-0aaaaaaaaaaaaaaaa, which still exists (available): importing "
         "vol-0bbbbbbbbbbbbbbbb would leave it unmanaged (the state query would call it foreign). If vol-0bbbbbbbbbbbbbbbb "
         "is to take its place, forget the storage first (playbooks/forget.yml -e forget_storage=mnt_data -e "
-        "confirm=true), then import it; not imported")
+        "confirm=true) and remove vol-0aaaaaaaaaaaaaaaa from the storage root's terraform state (terraform -chdir=%s "
+        "state rm module.storage_mnt_data.aws_ebs_volume.this), then import it; not imported"
+        % os.path.join(root, "generated", "storage", "aws-ebs", "storage-generation"))
 
     def unknown(VolumeIds):  # noqa: N803
         if VolumeIds[0] == RECORDED:

@@ -478,6 +478,13 @@ def _read_stamp(plan_dir: str) -> Dict[str, Any]:
     return {k: v for k, v in data.items() if isinstance(v, str) or (k == "init" and isinstance(v, dict))}
 
 
+def prepared_for_a_real_run(plan_dir: str) -> bool:
+    """Whether a real run's render prepared the root (``init`` against its backend, or for a root
+    with no backend block, its local state) and no dry run's ``init`` in the root replaced it since:
+    its stamp holds a ``real`` key."""
+    return bool(_read_stamp(plan_dir).get("real"))
+
+
 def _stamped(stamp: Mapping[str, Any], dry_run: bool, key: str) -> bool:
     """Whether the root was prepared successfully, for this kind of run, with the inputs of ``key``."""
     return key in (stamp.get(_kind(dry_run)), stamp.get("key"))

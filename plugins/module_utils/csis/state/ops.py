@@ -46,6 +46,7 @@ from ..config.secrets import Reveal, tf_secret_env
 from ..config.validate import read_meta
 from ..errors import CsisError
 from ..render.plan import root_dir
+from ..render.writer import UNCHANGED, prepared_for_a_real_run
 from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
@@ -259,22 +260,26 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     call = "storage_%s" % label(name)
     address = "module.%s.%s" % (call, _TF_RESOURCE[stype])
     data_dir = os.environ.get("TF_DATA_DIR")
-    rendered = ""
-    if tfstate.backend_of(directory, data_dir) is None and not render_root:  # no init recorded a backend
+    rendered, render_changed = "", False
+    # init recorded a backend, or a real run's render prepared a root with no backend block (its local state)
+    initialised = tfstate.backend_of(directory, data_dir) is not None or prepared_for_a_real_run(directory)
+    if not initialised and not render_root:
         return False, "terraform state not touched: %s is not rendered and initialised yet" % directory
     if not _declares_module(directory, call) and not render_root:
         return False, ("terraform state not touched: %s was rendered before storage '%s' was declared (a storage run "
                        "renders it and stops at the gate; then state import again)" % (directory, name))
-    if tfstate.backend_of(directory, data_dir) is None or not _declares_module(directory, call):
-        why = ("not initialised against its state backend" if tfstate.backend_of(directory, data_dir) is None
+    if not initialised or not _declares_module(directory, call):
+        why = ("not initialised for a real run" if not initialised
                else "rendered before storage '%s' was declared" % name)
         if check:
-            return True, ("would render and initialise %s (%s), then import %s into its terraform state as %s"
-                          % (directory, why, storage_id, address))
-        _render_root(tree, builder, overlays)
+            # the state lock as a real run would find it, where the root can be read already
+            lock = _release_state_lock(tree, builder, directory, _binary_of(tree, builder), True, force_unlock, run) \
+                if tfstate.backend_of(directory, data_dir) is not None else ""
+            return True, ("would render and initialise %s (%s), then import %s into its terraform state as %s%s"
+                          % (directory, why, storage_id, address, " (%s)" % lock if lock else ""))
+        render_changed = _render_root(tree, builder, overlays)
         rendered = " (after rendering and initialising the root: it was %s)" % why
-    ex = tree.executables.get(builder.executable or "")
-    binary = ex.binary if ex else "terraform"
+    binary = _binary_of(tree, builder)
     # rendered again since its last init (a dry run after the storage was declared): the module
     # call is in the files but not installed, and terraform would refuse the import ("Module not
     # installed"). `terraform get` installs the collection's local module; no backend, no provider.
@@ -287,11 +292,13 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
             if r.get("mode") == "managed" and "%s.%s.%s" % (r.get("module"), r.get("type"), r.get("name")) == address
             for i in r.get("instances") or []]
     if held == [storage_id]:
-        return bool(rendered), "terraform state already holds %s as %s%s" % (storage_id, address, rendered)
+        return render_changed, "terraform state already holds %s as %s%s" % (storage_id, address, rendered)
     stale = bool(held) and gone is not None and all(gone(h) for h in held)
     if held and not stale:
-        raise StateOpError("storage '%s': the terraform state of %s holds %s as %s, not %s: remove it first "
-                           "(%s -chdir=%s state rm %s) if that resource is gone"
+        raise StateOpError("storage '%s': the terraform state of %s holds %s as %s, not %s, and it is not gone from "
+                           "the endpoint: the import does not put another resource in its place. If it is to be left "
+                           "unmanaged (or is gone after all), remove it from the state first (%s -chdir=%s state rm %s), "
+                           "then import again"
                            % (name, directory, ", ".join(str(h) for h in held), address, storage_id,
                               binary, directory, address))
     dropped = " (after removing %s, gone from the endpoint, from it)" % ", ".join(str(h) for h in held) if stale else ""
@@ -327,16 +334,25 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
         storage_id, directory, address, rendered, dropped, installed, released)
 
 
-def _render_root(tree: Any, builder: Any, overlays: Any) -> None:
+def _binary_of(tree: Any, builder: Any) -> str:
+    """The terraform (or tofu) binary of the builder's root."""
+    ex = tree.executables.get(builder.executable or "")
+    return ex.binary if ex else "terraform"
+
+
+def _render_root(tree: Any, builder: Any, overlays: Any) -> bool:
     """Render and initialise the storage root of ``builder`` as a storage run's render does it
     (written for real, ``init -reconfigure`` against its backend), and no other root."""
     from ..render.pipeline import render  # the render imports the state library: not at import time
     try:
-        render(tree.root, ["storage"], dry_run=False, overlays=overlays or (), workers=1,
-               only_roots=["storage-%s" % builder.name])
+        res = render(tree.root, ["storage"], dry_run=False, overlays=overlays or (), workers=1,
+                     only_roots=["storage-%s" % builder.name])
     except CsisError as exc:
         raise StateOpError("the storage root of builder '%s' could not be rendered and initialised for the import: "
                            "%s; nothing was imported or recorded" % (builder.name, exc)) from exc
+    # its files written, or its init run (an unchanged root a real run never prepared)
+    return bool(res.get("changed")) or any(c != UNCHANGED and "init" in c
+                                           for r in res.get("roots") or [] for c in r.get("commands") or [])
 
 
 def _release_state_lock(tree: Any, builder: Any, directory: str, binary: str, check: bool,
@@ -417,10 +433,12 @@ def _refuse_foreign(tree: Any, ep: Endpoint, st: Any, builder: Any, name: str, s
                                    "volume: not imported" % (name, storage_id, inst.get("InstanceId"), bdm.get("DeviceName")))
 
 
-def _refuse_replacing_a_live_one(rec: Dict[str, Any], name: str, id_key: str, storage_id: str, look: Any) -> None:
+def _refuse_replacing_a_live_one(rec: Dict[str, Any], name: str, id_key: str, storage_id: str, look: Any,
+                                 state_rm: str) -> None:
     """Refuse to record ``storage_id`` over the storage's recorded resource while that one still
     exists (or cannot be told gone): it would be left unmanaged, and the state query would call the
-    data the tree runs on foreign. ``forget.yml ... confirm=true`` first says that is meant."""
+    data the tree runs on foreign. ``forget.yml ... confirm=true`` and the old resource's ``state
+    rm`` (``state_rm``: the command) first say that is meant."""
     recorded = (rec.get("facts") or {}).get(id_key)
     if not recorded or recorded == storage_id or rec.get("state") in (None, "destroyed"):
         return
@@ -431,11 +449,11 @@ def _refuse_replacing_a_live_one(rec: Dict[str, Any], name: str, id_key: str, st
     if seen.get("present"):
         raise StateOpError("storage '%s' is recorded with %s %s, which still exists (%s%s): importing %s would leave it "
                            "unmanaged (the state query would call it foreign). If %s is to take its place, forget the "
-                           "storage first (playbooks/forget.yml -e forget_storage=%s -e confirm=true), then import it; "
-                           "not imported"
+                           "storage first (playbooks/forget.yml -e forget_storage=%s -e confirm=true) and remove %s from "
+                           "the storage root's terraform state (%s), then import it; not imported"
                            % (name, seen.get("what"), recorded, seen.get("state"),
                               ", attached to %s" % ", ".join(seen["attached_to"]) if seen.get("attached_to") else "",
-                              storage_id, storage_id, name))
+                              storage_id, storage_id, name, recorded, state_rm))
 
 
 def import_storage(config_root: str, name: str, storage_id: str, overlays: Any = (), run: Optional[str] = None,
@@ -497,7 +515,10 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
     if obs.get("state") not in ("available", "in-use"):
         raise StateOpError("storage '%s': %s %s is %s, not available" % (name, obs["what"], storage_id, obs.get("state")))
     _refuse_foreign(tree, ep, st, builder, name, stype, storage_id, obs)
-    _refuse_replacing_a_live_one(recs.get(name) or {}, name, id_key, storage_id, look)
+    _refuse_replacing_a_live_one(recs.get(name) or {}, name, id_key, storage_id, look,
+                                 "%s -chdir=%s state rm module.%s.%s" % (
+                                     _binary_of(tree, builder), os.path.join(tree.root, root_dir("storage", builder.name)),
+                                     "storage_%s" % label(name), _TF_RESOURCE[stype]))
     facts: Dict[str, Any] = {"builder": builder.name, "type": stype}
     if stype == "ebs":
         facts.update(volume_id=storage_id, availability_zone=obs.get("availability_zone"), size=obs.get("size"),

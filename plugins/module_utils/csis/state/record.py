@@ -111,8 +111,10 @@ def unconfirmed_text(kind: str, name: str, recorded: str, why: str) -> str:
     """What a record says of a subject it does not call gone: the state does not hold it, but no
     apply of this run destroyed it (an import that left terraform state untouched, a state edited
     by hand or lost, a record that failed after the apply that destroyed it)."""
-    fix = ("playbooks/forget.yml -e forget_storage=%s -e force=true" % name if kind == "storage"
-           else "playbooks/forget.yml -e forget_instance=%s -e force=true" % name)
+    # a storage (declared destroyed: the only storage case): forgotten while declared so, it would
+    # be a new storage that must start active, so its declaration goes first (csis_forget refuses)
+    fix = ("remove its declaration from storages/, then playbooks/forget.yml -e forget_storage=%s -e force=true" % name
+           if kind == "storage" else "playbooks/forget.yml -e forget_instance=%s -e force=true" % name)
     return ("%s %s is recorded %s and is %s, and the root's terraform state does not hold it, but this run's apply "
             "destroyed nothing of it: not recorded as gone. playbooks/state_query.yml shows whether it exists; if it "
             "is gone, %s records that (it looks it up first); if it exists, import it into the root "
