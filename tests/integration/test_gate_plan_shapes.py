@@ -111,6 +111,13 @@ def test_a_plan_that_only_moves_imports_or_changes_an_output_has_something_to_ap
     res = gate(root)
     assert res["outputs"] == ["o"] and "output changed: o" in res["summary"] and res["plan_digest"] != empty
     assert "~ output.o: changes" in res["change_lines"]
+    # the output removed: listed as such, not as "changes"
+    tf(root, "apply", "-auto-approve", "-input=false")
+    write(root, '''
+        resource "terraform_data" "b" { input = "a" }
+    ''')
+    res = gate(root)
+    assert res["outputs"] == ["o"] and "- output.o: removed" in res["change_lines"], res["change_lines"]
     # only an import (the object exists: terraform_data imports any id)
     tf(root, "apply", "-auto-approve", "-input=false")
     write(root, '''

@@ -626,3 +626,14 @@ def test_malformed_outputs_are_one_message_and_malformed_checks_are_skipped(tmp_
     for checks in (5, [5], [{"status": "fail", "instances": 5}], [{"instances": [{"status": "fail", "address": {"to_display": {"secret": "hunter2"}}}]}]):
         v = evaluate_plan({"format_version": "1.2", "resource_changes": [], "checks": checks})
         assert v.failed_checks == [] and "hunter2" not in v.summary()
+
+
+def test_an_output_only_plan_lists_each_output_as_added_removed_or_changed():
+    from ansible_collections.csis.infra.plugins.module_utils.csis.apply.plan_verdict import change_lines
+    verdict = evaluate_plan(plan(output_changes={
+        "gone": {"actions": ["delete"], "before": 1, "after": None},
+        "new": {"actions": ["create"], "before": None, "after": 2},
+        "moved": {"actions": ["update"], "before": 1, "after": 3},
+        "same": {"actions": ["no-op"], "before": 1, "after": 1}}))
+    assert verdict.outputs == ["gone", "moved", "new"]
+    assert change_lines(verdict) == ["- output.gone: removed", "~ output.moved: changes", "+ output.new: added"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..errors import GateError
 from ..state.store import find_secrets
@@ -54,6 +54,7 @@ class PlanVerdict:
     moves: List[str] = field(default_factory=list)        # moved, no other change ("<address> (moved from <old>)")
     imports: List[str] = field(default_factory=list)      # imported (some also updated: in updates too)
     outputs: List[str] = field(default_factory=list)      # root outputs the apply changes
+    output_actions: Dict[str, List[str]] = field(default_factory=dict)  # their terraform actions (the listing's word)
     failed_checks: List[str] = field(default_factory=list)  # check blocks and conditions that fail (warnings)
     whitelisted: List[Dict[str, str]] = field(default_factory=list)
     violations: List[str] = field(default_factory=list)
@@ -206,7 +207,7 @@ def evaluate_plan(plan: Mapping[str, Any], allow_destroy: Iterable[str] = (),
     whitelist = Whitelist(entries)
     refuse = [e for e in refuse_create or () if e]
     required = [t for t in required_tags or () if t]
-    verdict = PlanVerdict(failed_checks=failing, outputs=changed_outputs(plan))
+    verdict = PlanVerdict(failed_checks=failing, outputs=changed_outputs(plan), output_actions=_output_actions(plan))
     changes = plan.get("resource_changes")
     if changes is None:
         changes = []
@@ -317,20 +318,35 @@ def _display(address: Any) -> Optional[str]:
     return shown if isinstance(shown, str) and 0 < len(shown) <= 300 else None
 
 
-def changed_outputs(plan: Mapping[str, Any]) -> List[str]:
-    """The root outputs the apply would change (``output_changes`` other than no-op): a plan of only
-    those still has something to apply (a module's new output a later root reads)."""
+def _output_actions(plan: Mapping[str, Any]) -> Dict[str, List[str]]:
+    """``{name: actions}`` of the root outputs the apply would change (``output_changes`` other
+    than no-op)."""
     changes = plan.get("output_changes")
     if not isinstance(changes, Mapping):
-        return []
-    out = []
+        return {}
+    out = {}
     for name, oc in changes.items():
         actions = oc.get("actions") if isinstance(oc, Mapping) else None
         if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
             raise GateError("output_changes[%s].actions must be a list of strings" % json.dumps(str(name)))
         if actions not in ([], ["no-op"]):
-            out.append(str(name))
-    return sorted(out)
+            out[str(name)] = list(actions)
+    return out
+
+
+def changed_outputs(plan: Mapping[str, Any]) -> List[str]:
+    """The root outputs the apply would change: a plan of only those still has something to apply
+    (a module's new output a later root reads)."""
+    return sorted(_output_actions(plan))
+
+
+def _output_line(name: str, actions: Sequence[str]) -> str:
+    """The listing's line of a changed root output: added, removed, or changes."""
+    if list(actions) == ["create"]:
+        return "+ output.%s: added" % name
+    if list(actions) == ["delete"]:
+        return "- output.%s: removed" % name
+    return "~ output.%s: changes" % name
 
 
 def _marked(marks: Any) -> bool:
@@ -419,7 +435,8 @@ def change_lines(verdict: "PlanVerdict", limit: int = CHANGE_LINES_MAX) -> List[
                 lines.append("    %s = %s" % (a["name"], a["after"]))
             else:
                 lines.append("    %s: %s -> %s" % (a["name"], a["before"], a["after"]))
-    lines += ["~ output.%s: changes" % name for name in (verdict.outputs if verdict.outputs_only else [])]
+    lines += [_output_line(name, verdict.output_actions.get(name) or ["update"])
+              for name in (verdict.outputs if verdict.outputs_only else [])]
     lines += ["! %s: check failing (terraform applies in spite of it)" % name for name in verdict.failed_checks]
     if len(lines) > limit:
         cut = len(lines) - (limit - 1)
