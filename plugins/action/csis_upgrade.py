@@ -10,3 +10,4 @@ from ansible_collections.csis.infra.plugins.plugin_utils.controller import Contr
 
 class ActionModule(ControllerAction):
     MODULE = "csis_upgrade"
+    AWS_SERVICES = ("ec2",)  # the build an upgrade asks for, looked up (render/series_heads.py)

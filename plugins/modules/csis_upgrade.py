@@ -16,8 +16,14 @@ description:
     attachments, launches the next generation (C(<name>-NNN) advances) - and the record made
     after that apply moves the pin to what booted and clears the marker.
   - Only a launched, durable instance can be upgraded. Nothing is planned or applied here.
+  - >-
+    With O(to), the build is looked up on the instance's runtime first (C(DescribeImages)): an AMI that does not
+    exist there (a typo), is not C(available), or is not a build of the instance's image (its name does not start
+    with the image's C(name_pattern)) is refused and no marker is left. The replacement is delete-then-create: an
+    apply onto an AMI that cannot boot would terminate the machine and never launch its successor.
 extends_documentation_fragment:
-  - csis.infra.controller.config_root
+  - csis.infra.controller.tree
+  - csis.infra.aws.boto3
   - csis.infra.config.instance
   - csis.infra.attributes.worker
 options:
@@ -29,7 +35,9 @@ options:
     choices: [present, absent]
     default: present
   to:
-    description: The build (AMI id) to move to; default the image's series head at the next run.
+    description:
+      - The build (AMI id) to move to; default the image's series head at the next run.
+      - It must exist on the instance's runtime, be C(available) and be a build of the instance's image.
     type: str
   run_id:
     description: The run id recorded with the marker.
@@ -45,7 +53,8 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reads meta-state and returns the marker it would leave (or remove); takes no lock and writes nothing.
+      - Reads meta-state (and looks O(to) up) and returns the marker it would leave (or remove); takes no lock and
+        writes nothing.
       - C(playbooks/upgrade_instance.yml --check) hands that marker to the render (M(csis.infra.csis_render)'s
         O(csis.infra.csis_render#module:preview_upgrades)), so the instance-image lifecycle's check run shows
         the replacement.
@@ -96,13 +105,21 @@ written:
   elements: str
 """
 
-from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec
+from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
+from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, reveal_of
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import UpgradeTargetError, check_upgrade_target
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import cancel_upgrade, mark_upgrade
 
 
 def _mark(module, p):
     if p["to"] and not (p["to"].startswith("ami-") and p["to"][4:].isalnum()):
         module.fail_json(msg="to %r is not an AMI id" % p["to"])
+    if p["state"] == "present" and p["to"]:
+        try:
+            check_upgrade_target(load_tree(p["config_root"], overlays=p["overlays"] or ()), p["instance"], p["to"],
+                                 reveal=reveal_of(module))
+        except UpgradeTargetError as exc:
+            module.fail_json(msg=str(exc))
     if p["state"] == "absent":
         out = cancel_upgrade(p["config_root"], p["instance"], p["run_id"], requested_by=p["requested_by"],
                              check=module.check_mode)
@@ -114,10 +131,10 @@ def _mark(module, p):
 
 RUN = ModuleRun(
     _mark,
-    argument_spec(CONFIG_ROOT_ARGS, INSTANCE_ARGS, state=dict(type="str", default="present", choices=["present", "absent"]),
+    argument_spec(CONFIG_ARGS, INSTANCE_ARGS, state=dict(type="str", default="present", choices=["present", "absent"]),
                   to=dict(type="str"),
                   run_id=dict(type="str", required=True), requested_by=dict(type="str")),
-    requires=("PyYAML",),
+    requires=("PyYAML", "pydantic", "boto3"),
     options=dict(supports_check_mode=True),
 )
 

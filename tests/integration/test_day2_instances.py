@@ -234,6 +234,20 @@ def test_follow_replaces_onto_the_new_head_and_pinned_stays(tree):
 
 def test_an_explicit_upgrade_replaces_a_pinned_instance(tree):
     old = current(tree, "test")["instance_id"]
+    # a build that cannot be the instance's is refused before any marker: a typo (the replacement is
+    # delete-then-create: the apply would terminate the machine, then fail to launch its successor),
+    # and another image's build
+    before = meta_bytes(tree.root)
+    res = tree.play("upgrade_instance.yml", instance="test", to="ami-0deadbeef0000000")
+    assert res.returncode != 0, tail(res)
+    assert ("instance 'test': there is no AMI ami-0deadbeef0000000 on runtime %s (region us-east-2): replaced onto "
+            "it, the machine would be terminated and its successor never launched; not marked" % RT) in text(res), tail(res)
+    res = tree.play("upgrade_instance.yml", instance="test", to=tree.amis["dask2"])
+    assert res.returncode != 0, tail(res)
+    assert ("instance 'test': AMI %s is '%s-2', not a build of its image 'imgfile-basic'"
+            % (tree.amis["dask2"], DASK)) in text(res).replace("''", "'"), tail(res)
+    assert "Render the instance-image roots" not in res.stdout
+    assert meta_bytes(tree.root) == before and current(tree, "test")["instance_id"] == old
     # --check --diff first: no marker written, nothing else changed, and the render shows the
     # replacement the marker asks for (the head's AMI, the next hostname, the -replace of a real run)
     before = meta_bytes(tree.root)

@@ -392,3 +392,40 @@ def test_the_rest_of_pins_reads_as_a_transaction_reads_it_in_both_layouts(tmp_pa
     assert split["upgrades"][-1]["op"] == "upgrade-cancelled"
     # the rest object alone: no instance's pin record is read
     assert reads and not [r for r in reads if "test2" in r], reads
+
+
+def test_an_upgrade_target_must_be_an_available_build_of_the_instances_image(tmp_path):
+    """The replacement is delete-then-create: a `to` build the instance cannot boot (a typo, one not
+    available, another image's) would terminate the machine and never launch its successor."""
+    from trees import EXAMPLES, copy_as_shipped
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import (
+        UpgradeTargetError, check_upgrade_target)
+
+    tree = load_tree(copy_as_shipped(EXAMPLES, str(tmp_path / "tree")))
+    images = {"ami-0good": {"ImageId": "ami-0good", "State": "available", "Name": "imgfile-basic-pckr-ebs-ans-20261101"},
+              "ami-0pend": {"ImageId": "ami-0pend", "State": "pending", "Name": "imgfile-basic-pckr-ebs-ans-20261102"},
+              "ami-0dask": {"ImageId": "ami-0dask", "State": "available", "Name": "imgfile-basic-dask-pckr-ebs-ans-1"}}
+
+    class EC2:
+        def describe_images(self, ImageIds):  # noqa: N803 - boto3's argument name
+            if ImageIds[0] not in images:
+                err = Exception("An error occurred (InvalidAMIID.NotFound)")
+                err.response = {"Error": {"Code": "InvalidAMIID.NotFound"}}
+                raise err
+            return {"Images": [images[ImageIds[0]]]}
+
+    def check(ami):
+        return check_upgrade_target(tree, "test", ami, client_for=lambda runtime: EC2())
+
+    assert check("ami-0good")["name"] == "imgfile-basic-pckr-ebs-ans-20261101"
+    with pytest.raises(UpgradeTargetError, match=r"^instance 'test': there is no AMI ami-0typo on runtime "
+                                                 r"aws-east2-runtime \(region us-east-2\): replaced onto it, the machine "
+                                                 r"would be terminated and its successor never launched; not marked$"):
+        check("ami-0typo")
+    with pytest.raises(UpgradeTargetError, match=r"AMI ami-0pend \(.*\) is pending, not available; not marked$"):
+        check("ami-0pend")
+    with pytest.raises(UpgradeTargetError, match=r"^instance 'test': AMI ami-0dask is 'imgfile-basic-dask-pckr-ebs-ans-1', "
+                                                 r"not a build of its image 'imgfile-basic' \(whose builds' names start "
+                                                 r"with 'imgfile-basic-pckr-ebs-ans'\); not marked$"):
+        check("ami-0dask")

@@ -62,6 +62,51 @@ def series_heads(tree: Tree, instances: Optional[Iterable[str]] = None, everythi
     return heads
 
 
+class UpgradeTargetError(Exception):
+    """The build an upgrade asks for cannot be what the instance is replaced onto."""
+
+
+def check_upgrade_target(tree: Tree, instance: str, ami: str, client_for: Any = None,
+                         reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+    """Refuse (:class:`UpgradeTargetError`) an upgrade's ``to`` build that the instance's
+    replacement cannot boot: not an AMI of the instance's runtime (a typo: the instance module
+    replaces delete-then-create, so the apply would terminate the machine, then fail to launch
+    its successor), not ``available``, or not a build of the instance's image (its name does
+    not start with the image's ``name_pattern``, as the series heads read it). Returns the
+    image's ``{ami_id, name, creation_date}``."""
+    inst = tree.instances.get(instance)
+    if inst is None:
+        raise UpgradeTargetError("instance '%s' is not declared: nothing to check the build %s against" % (instance, ami))
+    img = tree.image_of(inst)
+    b = tree.instance_builder_for(inst)
+    rt = tree.builder_runtime(b) if b else None
+    if img is None or rt is None:
+        raise UpgradeTargetError("instance '%s': its image or runtime is not declared: nothing to check the build %s "
+                                 "against" % (instance, ami))
+    ec2 = client_for(rt.name) if client_for else aws.client("ec2", aws.tree_access(tree, rt.name, reveal))
+    try:
+        imgs = ec2.describe_images(ImageIds=[ami]).get("Images") or []
+    except Exception as exc:  # noqa: BLE001 - absent, or said as it is
+        if aws.error_code(exc) in ("InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable"):
+            imgs = []
+        else:
+            raise UpgradeTargetError("instance '%s': the build %s cannot be looked up on runtime %s: %s; not marked"
+                                     % (instance, ami, rt.name, aws.error_text(exc))) from exc
+    if not imgs:
+        raise UpgradeTargetError("instance '%s': there is no AMI %s on runtime %s (region %s): replaced onto it, the "
+                                 "machine would be terminated and its successor never launched; not marked"
+                                 % (instance, ami, rt.name, rt.region))
+    got = imgs[0]
+    if got.get("State") != "available":
+        raise UpgradeTargetError("instance '%s': AMI %s (%s) is %s, not available; not marked"
+                                 % (instance, ami, got.get("Name"), got.get("State")))
+    name = str(got.get("Name") or "")
+    if img.name_pattern and not name.startswith(img.name_pattern):
+        raise UpgradeTargetError("instance '%s': AMI %s is %r, not a build of its image '%s' (whose builds' names start "
+                                 "with %r); not marked" % (instance, ami, name, img.name, img.name_pattern))
+    return {"ami_id": ami, "name": name, "creation_date": got.get("CreationDate")}
+
+
 def head_ami(heads: Optional[Mapping[str, Any]], image: str, runtime: str) -> Optional[str]:
     h = (heads or {}).get(head_key(image, runtime))
     if isinstance(h, dict):
