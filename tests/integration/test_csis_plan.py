@@ -65,6 +65,23 @@ def apply(root):
     tf(root, "apply", "-input=false", "-no-color", "tfplan")
 
 
+def apply_refused(root):
+    """What terraform says when it refuses to apply the plan file (it must refuse it)."""
+    proc = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "tfplan"], cwd=root,
+                          env=terraform_env(os.environ), capture_output=True, text=True, check=False)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    return proc.stderr
+
+
+def play(tmp_path, tasks, root, *args):
+    """One real ansible-playbook run of ``tasks`` (YAML, indented as a play's task list) on localhost."""
+    pb = tmp_path / "pb.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  connection: local\n  tasks:\n" + tasks)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(_REPO, "ansible.cfg"))
+    return subprocess.run([PLAYBOOK_BIN, str(pb), *args, "-e", json.dumps({"root": root})], cwd=_REPO, env=env,
+                          capture_output=True, text=True, check=False)
+
+
 def test_changes_then_empty_plan_skips_show_and_gate_agrees(root):
     first = make_plan(root, variables={"n": 2, "label": "x"})
     assert first["changes"] is True and first["summary"].startswith("Plan: 1 to add")
@@ -178,21 +195,13 @@ def test_the_timeout_interrupts_terraform(root, tmp_path):
 
 
 def test_module_check_mode_writes_nothing(root, tmp_path):
-    pb = tmp_path / "pb.yml"
-    pb.write_text(textwrap.dedent("""\
-        - hosts: localhost
-          gather_facts: false
-          connection: local
-          tasks:
-            - csis.infra.csis_plan:
-                project_path: "{{ root }}"
-              register: planned
-            - ansible.builtin.assert:
-                that: planned.changes is none and not planned.changed
-        """))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(_REPO, "ansible.cfg"))
-    res = subprocess.run([PLAYBOOK_BIN, str(pb), "--check", "-e", json.dumps({"root": root})], cwd=_REPO, env=env,
-                         capture_output=True, text=True, check=False)
+    res = play(tmp_path, """\
+    - csis.infra.csis_plan:
+        project_path: "{{ root }}"
+      register: planned
+    - ansible.builtin.assert:
+        that: planned.changes is none and not planned.changed
+""", root, "--check")
     assert res.returncode == 0, res.stdout[-3000:]
     assert not os.path.exists(os.path.join(root, "tfplan"))
     assert not os.path.exists(os.path.join(root, "tfplan" + b.BINDING_SUFFIX))
@@ -233,9 +242,7 @@ def test_a_state_another_run_changed_after_the_plan_is_refused_before_the_apply(
         "another terraform operation changed it after the plan (terraform would refuse the plan file as stale); "
         "nothing was applied -- plan again" % serial]
     # the very rule terraform applies to the plan file
-    proc = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "tfplan"], cwd=root,
-                          env=terraform_env(os.environ), capture_output=True, text=True, check=False)
-    assert proc.returncode != 0 and "Saved plan is stale" in proc.stderr
+    assert "Saved plan is stale" in apply_refused(root)
 
     # the state replaced (another lineage) under a plan made from the old one
     make_plan(root, variables={"n": 5})
@@ -251,31 +258,21 @@ def test_a_state_another_run_changed_after_the_plan_is_refused_before_the_apply(
     with pytest.raises(GateRefused) as exc:
         b.verify_binding(root, "tfplan", check_state=True)
     assert "the root's state is now lineage " in exc.value.messages[0]
-    proc = subprocess.run(["terraform", "apply", "-input=false", "-no-color", "tfplan"], cwd=root,
-                          env=terraform_env(os.environ), capture_output=True, text=True, check=False)
-    assert proc.returncode != 0 and "Saved plan does not match the given state" in proc.stderr
+    assert "Saved plan does not match the given state" in apply_refused(root)
 
     # through the module, as the role runs it: the task fails with the message, nothing else ran
     make_plan(root, variables={"n": 6})
     run_gate(root, "tfplan")
     tf(root, "apply", "-auto-approve", "-input=false", "-no-color", "-var", "n=7")
-    pb = tmp_path / "pb.yml"
-    pb.write_text(textwrap.dedent("""\
-        - hosts: localhost
-          gather_facts: false
-          connection: local
-          tasks:
-            - csis.infra.csis_plan_binding:
-                project_path: "{{ root }}"
-                state: verified
-                check_state: true
-            - ansible.builtin.file:
-                path: "{{ root }}/must-not-exist"
-                state: touch
-        """))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(_REPO, "ansible.cfg"))
-    res = subprocess.run([PLAYBOOK_BIN, str(pb), "-e", json.dumps({"root": root})], cwd=_REPO, env=env,
-                         capture_output=True, text=True, check=False)
+    res = play(tmp_path, """\
+    - csis.infra.csis_plan_binding:
+        project_path: "{{ root }}"
+        state: verified
+        check_state: true
+    - ansible.builtin.file:
+        path: "{{ root }}/must-not-exist"
+        state: touch
+""", root)
     assert res.returncode == 2, res.stdout[-3000:]
     assert "STALE PLANFILE: tfplan was planned against the root's state at serial" in res.stdout
     assert not os.path.exists(os.path.join(root, "must-not-exist"))

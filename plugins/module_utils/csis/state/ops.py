@@ -261,20 +261,22 @@ def _terraform_adoption(tree: Any, builder: Any, name: str, stype: str, storage_
     address = "module.%s.%s" % (call, _TF_RESOURCE[stype])
     data_dir = os.environ.get("TF_DATA_DIR")
     rendered, render_changed = "", False
+    has_backend = tfstate.backend_of(directory, data_dir) is not None
     # init recorded a backend, or a real run's render prepared a root with no backend block (its local state)
-    initialised = tfstate.backend_of(directory, data_dir) is not None or prepared_for_a_real_run(directory)
+    initialised = has_backend or prepared_for_a_real_run(directory)
+    declares = _declares_module(directory, call)
     if not initialised and not render_root:
         return False, "terraform state not touched: %s is not rendered and initialised yet" % directory
-    if not _declares_module(directory, call) and not render_root:
+    if not declares and not render_root:
         return False, ("terraform state not touched: %s was rendered before storage '%s' was declared (a storage run "
                        "renders it and stops at the gate; then state import again)" % (directory, name))
-    if not initialised or not _declares_module(directory, call):
+    if not initialised or not declares:
         why = ("not initialised for a real run" if not initialised
                else "rendered before storage '%s' was declared" % name)
         if check:
             # the state lock as a real run would find it, where the root can be read already
             lock = _release_state_lock(tree, builder, directory, _binary_of(tree, builder), True, force_unlock, run) \
-                if tfstate.backend_of(directory, data_dir) is not None else ""
+                if has_backend else ""
             return True, ("would render and initialise %s (%s), then import %s into its terraform state as %s%s"
                           % (directory, why, storage_id, address, " (%s)" % lock if lock else ""))
         render_changed = _render_root(tree, builder, overlays)
