@@ -30,9 +30,10 @@ options:
   entry:
     description:
       - The root's outcome. Known keys are C(key) (required), C(lifecycle), C(builder), C(runtime),
-        C(status), C(failed_step), C(plan), C(gate) (C(verdict), C(violations)), C(applied), C(recorded),
-        C(started), C(finished), C(seconds) (the root's whole pass) and C(apply_seconds) (the apply's own time;
-        empty or absent when nothing was applied). Other keys are dropped.
+        C(status), C(failed_step), C(plan), C(gate) (C(verdict), C(violations)), C(applied),
+        C(apply_failed) (an apply that began and failed), C(recorded), C(started), C(finished),
+        C(seconds) (the root's whole pass) and C(apply_seconds) (the apply's own time; empty or
+        absent when nothing was applied). Other keys are dropped.
       - Omitted, the module only reads the run summary.
     type: dict
 notes:

@@ -68,3 +68,10 @@ def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path
     assert (ebs["status"], ebs["applied"]) == ("stopped", True) and "storage-state.yaml" in ebs["recorded"], ebs
     assert "storage-aws-ebs: stopped: another root of the lifecycle failed (see its failure above)" in out, tail(res)
     assert (s3["status"], s3["applied"], s3["recorded"]) == ("failed", False, []), s3
+    # the bucket's apply began and failed: the summary does not call that "nothing applied"
+    assert s3["apply_failed"] is True and ebs["apply_failed"] is False, (s3, ebs)
+    shown = t.play("summary.yml")
+    assert shown.returncode == 0, tail(shown)
+    line = text(shown).split("storage-aws-s3: failed; at ", 1)[-1].split("storage-aws-", 1)[0]
+    assert "Apply exactly that plan file" in line and "nothing applied" not in line, tail(shown)
+    assert "the apply failed partway: resources may have been created, changed or destroyed" in line, tail(shown)

@@ -96,3 +96,21 @@ def test_the_apply_has_its_own_time_beside_the_roots_pass(tmp_path):
     lines = rs.summary_lines(data)
     assert "storage-ebs: ok; Plan: 1 to add; applied in 16 s; 74 s in all" in lines, lines
     assert "storage-efs: ok; nothing applied; 74 s in all" in lines, lines
+
+
+def test_an_apply_that_failed_partway_is_not_called_nothing_applied(tmp_path):
+    """terraform stops a failed apply partway: what it did before is in the root's state and not in
+    meta-state (the record did not run), so the summary must not say "nothing applied"."""
+    root = str(tmp_path)
+    data = rs.add_root(root, "run1", {"key": "storage-ebs", "status": "failed", "failed_step": "Apply exactly that plan file",
+                                      "applied": "False", "apply_failed": "True", "plan": "Plan: 2 to add"})
+    assert data["roots"]["storage-ebs"]["apply_failed"] is True
+    line = [x for x in rs.summary_lines(data) if x.startswith("storage-ebs:")][0]
+    assert "nothing applied" not in line, line
+    assert line.startswith("storage-ebs: failed; at 'Apply exactly that plan file'; Plan: 2 to add; the apply failed partway: "
+                           "resources may have been created, changed or destroyed"), line
+    assert "playbooks/state_query.yml" in line, line
+    # a root refused before its apply still says nothing was applied
+    data = rs.add_root(root, "run1", {"key": "storage-efs", "status": "failed", "failed_step": "Gate the plan",
+                                      "applied": "False", "apply_failed": "False"})
+    assert "storage-efs: failed; at 'Gate the plan'; nothing applied" in rs.summary_lines(data)

@@ -30,7 +30,7 @@ LOCK = os.path.join("generated", ".run-summary.lock")
 VERSION = 1
 #: what an entry may carry (anything else is dropped: the file stays a small, known shape)
 ENTRY_KEYS = ("key", "lifecycle", "builder", "runtime", "status", "failed_step", "plan", "gate", "applied",
-              "recorded", "started", "finished", "seconds", "apply_seconds")
+              "apply_failed", "recorded", "started", "finished", "seconds", "apply_seconds")
 
 
 class RunSummaryError(CsisError):
@@ -100,8 +100,9 @@ def _bool(value: Any) -> bool:
 
 def normalise(entry: Dict[str, Any]) -> Dict[str, Any]:
     """Plain types whatever the templating gave (``"True"``, ``"12.5"``...)."""
-    if "applied" in entry:
-        entry["applied"] = _bool(entry["applied"])
+    for k in ("applied", "apply_failed"):
+        if k in entry:
+            entry[k] = _bool(entry[k])
     for k in ("seconds", "apply_seconds"):
         if k not in entry:
             continue
@@ -150,7 +151,13 @@ def summary_lines(data: Optional[Mapping[str, Any]]) -> List[str]:
             parts.append(str(r["plan"]))
         if gate.get("verdict"):
             parts.append("gate %s" % gate["verdict"])
-        applied = "applied" if r.get("applied") else "nothing applied"
+        if r.get("apply_failed"):
+            # terraform stopped partway: what it did before is in the root's state, not in meta-state
+            applied = ("the apply failed partway: resources may have been created, changed or destroyed before it "
+                       "stopped, and nothing was recorded (playbooks/state_query.yml compares meta-state with the "
+                       "provider; the next run plans from the state)")
+        else:
+            applied = "applied" if r.get("applied") else "nothing applied"
         if r.get("applied") and r.get("apply_seconds") is not None:
             applied += " in %.0f s" % float(r["apply_seconds"])  # the apply's own time
         parts.append(applied)
