@@ -229,3 +229,26 @@ def test_an_archive_destroyed_after_the_apply_names_the_approval_of_its_plan(tmp
     assert store.MetaState(root).load_record("storage-state.yaml", "mnt_data")["state"] == "destroyed"
     lines = store.history_report(root, storage="mnt_data")["lines"]
     assert any("approval" in line and "alice" in line for line in lines), lines
+
+
+def test_an_instances_history_shows_its_upgrade_request_cancel_and_verifications(tmp_path):
+    """An upgrade request and its cancel change pins.yaml's pending replacements as a whole (one diff
+    line whose path does not name the instance), a verification appends to verifications.yaml's list:
+    the instance's history found none of them (playbooks/history.yml -e history_instance=web)."""
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state import record
+
+    root = str(tmp_path)
+    launch = {"launched": True, "ephemeral": False, "image": "img", "build": "ami-0123456789abcdef0"}
+    with store.MetaState(root).transaction("seed launch") as txn:
+        txn.save("launch-params.yaml", {"instances": {"web": launch, "db": dict(launch)}})
+    record.mark_upgrade(root, "web", run="r1", to="ami-0fedcba9876543210", requested_by="alice")
+    record.mark_upgrade(root, "db", run="r1", requested_by="alice")
+    record.cancel_upgrade(root, "web", run="r2", requested_by="bob")
+    record.record_verification(root, {"instance": "web", "ok": True, "checks": [], "time": "t", "run": "r3"})
+    record.record_verification(root, {"instance": "db", "ok": True, "checks": [], "time": "t", "run": "r3"})
+    whats = [doc["what"] for doc in store.history_report(root, instance="web")["trail"]]
+    assert whats == ["seed launch", "csis upgrade web", "csis upgrade cancelled web", "csis verification of web"], whats
+    whats = [doc["what"] for doc in store.history_report(root, instance="db")["trail"]]
+    assert whats == ["seed launch", "csis upgrade db", "csis verification of db"], whats
+    # a name that is only a part of another's names neither
+    assert store.history_report(root, instance="we")["trail"] == []

@@ -1908,12 +1908,26 @@ def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str, drift: 
     return False
 
 
+#: the ``what`` of the day-2 transactions that are about one instance or storage, before its name:
+#: an upgrade request or its cancel changes ``pins.yaml``'s pending replacements as a whole, and a
+#: verification appends to ``verifications.yaml``'s list, so their diff lines need not name it
+_WHAT_INSTANCE = ("csis upgrade ", "csis upgrade cancelled ", "csis verification of ", "csis_forget instance ")
+_WHAT_STORAGE = ("csis_forget storage ", "csis_state_import storage ")
+
+
+def _what_names(doc: Mapping[str, Any], prefixes: Tuple[str, ...], name: str) -> bool:
+    what = str(doc.get("what") or "")
+    return any(what == prefix + name for prefix in prefixes)
+
+
 def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[str], root: Optional[str],
              drift: bool = True) -> bool:
     changes = doc.get("changes") or []
-    if instance and not any(_names(c, _INSTANCE_FILES, instance, drift) for c in changes):
+    if instance and not (_what_names(doc, _WHAT_INSTANCE, instance)
+                         or any(_names(c, _INSTANCE_FILES, instance, drift) for c in changes)):
         return False
-    if storage and not any(_names(c, _STORAGE_FILES, storage, drift) for c in changes):
+    if storage and not (_what_names(doc, _WHAT_STORAGE, storage)
+                        or any(_names(c, _STORAGE_FILES, storage, drift) for c in changes)):
         return False
     if root:  # the root's own name, never a part of another's (aws-s3 is not aws-s3-logs)
         context = doc.get("context") or {}
