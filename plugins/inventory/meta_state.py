@@ -100,6 +100,8 @@ options:
     description:
       - The tree's C(meta_state.prefix) (with O(meta_state_backend=s3)); the records are under
         C(s3://<bucket>/<prefix>/meta-state/). Empty when the tree sets none.
+      - A bucket and prefix that hold no committed revision give an empty inventory with a warning
+        naming the place read (a mistyped prefix is no error to S3).
     type: str
     default: ''
     env:
@@ -321,6 +323,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             records = launched_instances(ms)
             for notice in ms.notices:
                 self.display.warning("csis.infra.meta_state: %s" % notice)
+            if not records and source.startswith("s3://") and ms.revision() == 0:
+                # a mistyped meta_state_bucket or meta_state_prefix reads an empty place, not an error:
+                # say so (an AWX inventory source that overwrites would drop every host in silence)
+                self.display.warning("csis.infra.meta_state: %s holds no meta-state (no committed revision): check "
+                                     "meta_state_bucket and meta_state_prefix against the tree's "
+                                     "meta_state.state_backend; the inventory is empty" % source)
             return records
         except CsisError as exc:  # MetaStateError (named object), MissingDependency (boto3)
             msg = to_native(exc)

@@ -409,6 +409,18 @@ def test_an_inventory_source_names_the_s3_store_and_needs_no_tree(checkouts, aws
             txn.save_record(LP, "web2", None)
             txn.save_record(IS, "web2", None)
 
+    # a mistyped prefix reads an empty place, not an error: an empty inventory, with a warning naming
+    # where it read and what to check (an AWX source that overwrites would drop every host in silence)
+    source.write_text(yaml.safe_dump(dict(options, meta_state_prefix=checkouts.prefix + "-typo")))
+    proc = inventory(source)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["_meta"]["hostvars"] == {}
+    text = " ".join(proc.stderr.split())
+    assert "s3://%s/%s-typo/meta-state holds no meta-state (no committed revision): check meta_state_bucket and " \
+           "meta_state_prefix" % (local_aws.STATE_BUCKET, checkouts.prefix) in text, text
+    source.write_text(yaml.safe_dump(options))
+    assert "holds no meta-state" not in inventory(source).stderr  # the right one says nothing
+
     # without the bucket: one message naming the source file and the option
     options.pop("meta_state_bucket")
     source.write_text(yaml.safe_dump(options))
