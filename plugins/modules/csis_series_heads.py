@@ -17,6 +17,11 @@ description:
   - A network call, so it is its own step of the C(csis.infra.render) role; the result is
     passed to M(csis.infra.csis_render) as C(series_heads). Validation never calls it.
   - Makes no call when no instance follows and O(instances) is empty.
+  - >-
+    A pending upgrade marker that names its build (C(upgrade_instance.yml -e to=<ami>)) has that build looked up
+    again (C(describe_images) by id): one deregistered, no longer C(available), or not a build of the instance's
+    image since the marker was left fails the task before the render. The replacement is delete-then-create:
+    applied onto a build that cannot boot, it would terminate the machine and never launch its successor.
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.config.undeclare
@@ -48,18 +53,31 @@ series_heads:
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.errors import ConfigError, CsisError
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, UNDECLARE_ARGS, ModuleRun, argument_spec, fail_from, reveal_of
-from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import series_heads, wanted_series
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import (
+    UpgradeTargetError, check_upgrade_target, series_heads, wanted_series)
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import MetaState
 
 
 def _run(module, p):
     try:
         tree = load_tree(p["config_root"], overlays=p["overlays"], undeclare=p["undeclare"])
-        pending = sorted(MetaState(tree.root).load_rest("pins.yaml")["pending_replacements"])
+        markers = MetaState(tree.root).load_rest("pins.yaml")["pending_replacements"]
+        pending = sorted(markers)
     except ConfigError as exc:
         fail_from(module, exc, prefix="the configuration does not load (run playbooks/validate.yml):\n", problems_key=None)
     except CsisError as exc:
         fail_from(module, exc)
+    # a pending upgrade's build was looked up when the marker was left (csis_upgrade); it may have been
+    # deregistered since, and the replacement is delete-then-create: looked up again before the render
+    for name in pending:
+        to = (markers[name] or {}).get("to") if isinstance(markers[name], dict) else None
+        if to and name in tree.instances:
+            try:
+                check_upgrade_target(tree, name, to, reveal=reveal_of(module), outcome=(
+                    "nothing rendered: cancel the upgrade (playbooks/upgrade_instance.yml -e instance=%s -e cancel=true) "
+                    "or leave it again onto another build" % name))
+            except UpgradeTargetError as exc:
+                module.fail_json(msg="the pending upgrade of %s: %s" % (name, exc))
     wanted = list(p["instances"]) + pending
     series = wanted_series(tree, wanted)
     if not series:

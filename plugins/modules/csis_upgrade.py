@@ -21,6 +21,10 @@ description:
     exist there (a typo), is not C(available), or is not a build of the instance's image (its name does not start
     with the image's C(name_pattern)) is refused and no marker is left. The replacement is delete-then-create: an
     apply onto an AMI that cannot boot would terminate the machine and never launch its successor.
+  - >-
+    When the machine runs the build the upgrade replaces it onto already (O(to), or without it the image's series
+    head, read from the runtime), the marker is left and a warning says so: the replacement is a new machine on the
+    same build (a re-provision).
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3
@@ -107,7 +111,8 @@ written:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, reveal_of
-from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import UpgradeTargetError, check_upgrade_target
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import (
+    UpgradeTargetError, check_upgrade_target, onto_the_same_build)
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import cancel_upgrade, mark_upgrade
 
 
@@ -126,6 +131,14 @@ def _mark(module, p):
     else:
         out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"],
                            check=module.check_mode)
+        pending = out["pending"] or {}
+        try:
+            same = onto_the_same_build(load_tree(p["config_root"], overlays=p["overlays"] or ()), p["instance"],
+                                       pending.get("from"), to=pending.get("to"), reveal=reveal_of(module))
+        except Exception:  # noqa: BLE001 - the head unread: the next run's render reads it and says
+            same = None
+        if same:
+            module.warn(same)
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 

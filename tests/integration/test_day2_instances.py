@@ -270,6 +270,14 @@ def test_an_explicit_upgrade_replaces_a_pinned_instance(tree):
     assert meta(tree.root, "launch-params.yaml")["instances"]["test"]["hostname"] == "test-002"
     # and the follow instance did not move again
     assert current(tree, "test2")["number"] == 2
+    # once more, in check mode: test runs its image's series head already, so the upgrade would be a new
+    # machine on the same build; said (a re-provision is no error), nothing written
+    before = meta_bytes(tree.root)
+    res = tree.play("upgrade_instance.yml", instance="test", args=("--check",))
+    assert res.returncode == 0, tail(res)
+    assert ("instance 'test' runs %s already, its image's series head: the upgrade replaces the machine onto the same "
+            "build" % tree.amis["basic2"]) in text(res), tail(res)
+    assert meta_bytes(tree.root) == before
 
 
 def test_a_detach_without_unmount_receipt_is_refused(tree):

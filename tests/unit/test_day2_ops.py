@@ -429,3 +429,31 @@ def test_an_upgrade_target_must_be_an_available_build_of_the_instances_image(tmp
                                                  r"not a build of its image 'imgfile-basic' \(whose builds' names start "
                                                  r"with 'imgfile-basic-pckr-ebs-ans'\); not marked$"):
         check("ami-0dask")
+
+
+def test_an_upgrade_onto_the_build_the_machine_runs_is_said(tmp_path):
+    """Without `to` the replacement goes onto the series head: when the machine runs the head already,
+    the upgrade is a new machine on the same build (a re-provision), which the operator is told."""
+    from trees import EXAMPLES, copy_as_shipped
+    from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import onto_the_same_build
+
+    tree = load_tree(copy_as_shipped(EXAMPLES, str(tmp_path / "tree")))
+    heads = [{"ImageId": "ami-0old", "State": "available", "Name": "imgfile-basic-pckr-ebs-ans-1", "CreationDate": "2026-11-01"},
+             {"ImageId": "ami-0head", "State": "available", "Name": "imgfile-basic-pckr-ebs-ans-2", "CreationDate": "2026-11-02"}]
+
+    class EC2:
+        def describe_images(self, **kwargs):
+            return {"Images": heads}
+
+    def said(pin, to=None):
+        return onto_the_same_build(tree, "test", pin, to=to, client_for=lambda runtime: EC2())
+
+    assert said("ami-0head") == (
+        "instance 'test' runs ami-0head already, its image's series head: the upgrade replaces the machine onto the "
+        "same build (a new generation: a new machine, its root disk afresh); cancel it with -e cancel=true if that is "
+        "not what you meant")
+    assert said("ami-0old") is None  # onto the newer head: an upgrade
+    assert "runs ami-0old already, the build asked for" in said("ami-0old", to="ami-0old")
+    assert said("ami-0old", to="ami-0head") is None
+    assert said(None) is None  # no pin recorded: nothing to compare

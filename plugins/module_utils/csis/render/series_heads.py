@@ -67,13 +67,13 @@ class UpgradeTargetError(Exception):
 
 
 def check_upgrade_target(tree: Tree, instance: str, ami: str, client_for: Any = None,
-                         reveal: Optional[Reveal] = None) -> Dict[str, Any]:
+                         reveal: Optional[Reveal] = None, outcome: str = "not marked") -> Dict[str, Any]:
     """Refuse (:class:`UpgradeTargetError`) an upgrade's ``to`` build that the instance's
     replacement cannot boot: not an AMI of the instance's runtime (a typo: the instance module
     replaces delete-then-create, so the apply would terminate the machine, then fail to launch
     its successor), not ``available``, or not a build of the instance's image (its name does
     not start with the image's ``name_pattern``, as the series heads read it). Returns the
-    image's ``{ami_id, name, creation_date}``."""
+    image's ``{ami_id, name, creation_date}``. ``outcome`` ends each message (what was not done)."""
     inst = tree.instances.get(instance)
     if inst is None:
         raise UpgradeTargetError("instance '%s' is not declared: nothing to check the build %s against" % (instance, ami))
@@ -90,21 +90,48 @@ def check_upgrade_target(tree: Tree, instance: str, ami: str, client_for: Any = 
         if aws.error_code(exc) in ("InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable"):
             imgs = []
         else:
-            raise UpgradeTargetError("instance '%s': the build %s cannot be looked up on runtime %s: %s; not marked"
-                                     % (instance, ami, rt.name, aws.error_text(exc))) from exc
+            raise UpgradeTargetError("instance '%s': the build %s cannot be looked up on runtime %s: %s; %s"
+                                     % (instance, ami, rt.name, aws.error_text(exc), outcome)) from exc
     if not imgs:
         raise UpgradeTargetError("instance '%s': there is no AMI %s on runtime %s (region %s): replaced onto it, the "
-                                 "machine would be terminated and its successor never launched; not marked"
-                                 % (instance, ami, rt.name, rt.region))
+                                 "machine would be terminated and its successor never launched; %s"
+                                 % (instance, ami, rt.name, rt.region, outcome))
     got = imgs[0]
     if got.get("State") != "available":
-        raise UpgradeTargetError("instance '%s': AMI %s (%s) is %s, not available; not marked"
-                                 % (instance, ami, got.get("Name"), got.get("State")))
+        raise UpgradeTargetError("instance '%s': AMI %s (%s) is %s, not available; %s"
+                                 % (instance, ami, got.get("Name"), got.get("State"), outcome))
     name = str(got.get("Name") or "")
     if img.name_pattern and not name.startswith(img.name_pattern):
         raise UpgradeTargetError("instance '%s': AMI %s is %r, not a build of its image '%s' (whose builds' names start "
-                                 "with %r); not marked" % (instance, ami, name, img.name, img.name_pattern))
+                                 "with %r); %s" % (instance, ami, name, img.name, img.name_pattern, outcome))
     return {"ami_id": ami, "name": name, "creation_date": got.get("CreationDate")}
+
+
+def onto_the_same_build(tree: Tree, instance: str, pin: Optional[str], to: Optional[str] = None,
+                        client_for: Any = None, reveal: Optional[Reveal] = None) -> Optional[str]:
+    """The warning for an upgrade that replaces ``instance`` onto the build it runs (``pin``): ``to``,
+    or without it the image's series head, as the next run reads it. A replacement onto the same
+    build is a new machine all the same (a re-provision), so it is said, not refused. None when the
+    build differs or the head cannot be told."""
+    if not pin:
+        return None
+    if to:
+        target, which = to, "the build asked for"
+    else:
+        inst = tree.instances.get(instance)
+        img = tree.image_of(inst) if inst is not None else None
+        b = tree.instance_builder_for(inst) if inst is not None else None
+        rt = tree.builder_runtime(b) if b else None
+        if img is None or rt is None:
+            return None
+        target = head_ami(series_heads(tree, instances=[instance], client_for=client_for, reveal=reveal),
+                          img.name, rt.name)
+        which = "its image's series head"
+    if target != pin:
+        return None
+    return ("instance '%s' runs %s already, %s: the upgrade replaces the machine onto the same build (a new "
+            "generation: a new machine, its root disk afresh); cancel it with -e cancel=true if that is not what "
+            "you meant" % (instance, pin, which))
 
 
 def head_ami(heads: Optional[Mapping[str, Any]], image: str, runtime: str) -> Optional[str]:
