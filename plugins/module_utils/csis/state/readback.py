@@ -15,20 +15,45 @@ from ..config.loader import Tree
 from ..config.secrets import Reveal
 
 
+def _pages(api: Any, operation: str, key: str, **kwargs: Any) -> List[Any]:
+    """Every page's ``key`` list of a paginated describe call (thousands of instances or
+    filesystems answer in pages)."""
+    out: List[Any] = []
+    for page in api.get_paginator(operation).paginate(**kwargs):
+        out.extend(page.get(key) or [])
+    return out
+
+
 def summarize(tree: Tree, meta: Mapping[str, Any], reveal: Optional[Reveal] = None) -> Dict[str, Any]:
     """What the endpoint holds of the tree's resources (a runtime's static keys revealed by
-    ``reveal``: ``aws.tree_access``)."""
+    ``reveal``: ``aws.tree_access``). Runtimes that share an account and region see the same
+    resources: each is listed once, under the first runtime (by name) that saw it; a bucket is
+    read through the runtime of its storage's builder."""
     tag = tree.resource_tag()["csis_config"]
     out: Dict[str, Any] = {"instances": [], "volumes": [], "filesystems": [], "buckets": []}
+    seen: set = set()
     storages = (meta.get("storage-state.yaml") or {}).get("storages") or {}
-    for rt_name in sorted(tree.runtimes):
+    buckets: Dict[str, List[str]] = {}  # runtime -> the storages whose bucket it reads
+    runtimes = sorted(tree.runtimes)
+    for name, rec in sorted(storages.items()):
+        facts = rec.get("facts") or {}
+        if facts.get("type") != "s3" or rec.get("state") != "active" or not runtimes:
+            continue
+        declared = tree.storages.get(name)
+        builder = tree.storage_builder_for(declared) if declared is not None else None
+        rt = tree.builder_runtime(builder) if builder is not None else None
+        buckets.setdefault(rt.name if rt is not None and rt.name in tree.runtimes else runtimes[0], []).append(name)
+    for rt_name in runtimes:
         acc = tree_access(tree, rt_name, reveal)
         ec2 = client("ec2", acc)
-        vols = {v["VolumeId"]: v for v in ec2.describe_volumes(
-            Filters=[{"Name": "tag:csis_config", "Values": [tag]}]).get("Volumes", [])}
+        by_tag = [{"Name": "tag:csis_config", "Values": [tag]}]
+        vols = {v["VolumeId"]: v for v in _pages(ec2, "describe_volumes", "Volumes", Filters=by_tag)}
         alive = {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}
-        for r in ec2.describe_instances(Filters=[{"Name": "tag:csis_config", "Values": [tag]}, alive]).get("Reservations", []):
+        for r in _pages(ec2, "describe_instances", "Reservations", Filters=by_tag + [alive]):
             for i in r.get("Instances", []):
+                if i["InstanceId"] in seen:
+                    continue
+                seen.add(i["InstanceId"])
                 name = next((t["Value"] for t in i.get("Tags", []) if t["Key"] == "Name"), i["InstanceId"])
                 attached = [{"volume_id": b["Ebs"]["VolumeId"], "device": b["DeviceName"]}
                             for b in i.get("BlockDeviceMappings", []) if b["Ebs"]["VolumeId"] in vols]
@@ -36,27 +61,30 @@ def summarize(tree: Tree, meta: Mapping[str, Any], reveal: Optional[Reveal] = No
                                          "private_ip": i.get("PrivateIpAddress"), "ami": i.get("ImageId"),
                                          "runtime": rt_name, "volumes": attached})
         for v in vols.values():
+            if v["VolumeId"] in seen:
+                continue
+            seen.add(v["VolumeId"])
             name = next((t["Value"] for t in v.get("Tags", []) if t["Key"] == "Name"), v["VolumeId"])
             out["volumes"].append({"name": name, "volume_id": v["VolumeId"], "size": v["Size"], "state": v["State"],
                                    "zone": v["AvailabilityZone"],
                                    "attached_to": [a["InstanceId"] for a in v.get("Attachments", [])]})
         efs = client("efs", acc)
-        for fs in efs.describe_file_systems().get("FileSystems", []):
+        for fs in _pages(efs, "describe_file_systems", "FileSystems"):
             tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
-            if tags.get("csis_config") != tag:
+            if tags.get("csis_config") != tag or fs["FileSystemId"] in seen:
                 continue
             fsid = fs["FileSystemId"]
+            seen.add(fsid)
             aps = efs.describe_access_points(FileSystemId=fsid).get("AccessPoints", [])
             mts = efs.describe_mount_targets(FileSystemId=fsid).get("MountTargets", [])
             out["filesystems"].append({"name": tags.get("Name"), "file_system_id": fsid,
                                        "access_points": sorted(a.get("RootDirectory", {}).get("Path", "") for a in aws_list(aps)),
                                        "mount_targets": len(mts)})
+        if not buckets.get(rt_name):
+            continue
         s3 = client("s3", acc)
-        for name, rec in sorted(storages.items()):
-            facts = rec.get("facts") or {}
-            if facts.get("type") != "s3" or rec.get("state") != "active":
-                continue
-            bucket = facts.get("bucket_name") or name
+        for name in buckets[rt_name]:
+            bucket = (storages[name].get("facts") or {}).get("bucket_name") or name
             try:
                 tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])}
             except Exception as exc:  # noqa: BLE001 - reported, never read as absent
@@ -67,6 +95,7 @@ def summarize(tree: Tree, meta: Mapping[str, Any], reveal: Optional[Reveal] = No
             except Exception:  # noqa: BLE001 - no lifecycle configuration
                 rules = 0
             out["buckets"].append({"storage": name, "bucket": bucket, "lifecycle_rules": rules, "tags": tags})
+    out["buckets"].sort(key=lambda b: b["storage"])
     return out
 
 
