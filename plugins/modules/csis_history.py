@@ -35,7 +35,9 @@ options:
     type: int
     default: 0
   revision:
-    description: With I(instance) or I(storage), return its records as they were right after this revision (C(as_of)).
+    description:
+      - With I(instance) or I(storage), return its records as they were right after this revision (C(as_of)).
+      - Without either, the task fails (there is no record to show as of it).
     type: int
   details:
     description: Return each changed record's full C(before) and C(after) in the trail.
@@ -86,6 +88,11 @@ from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import
 
 
 def _history(module, p):
+    if p["revision"] is not None and not (p["instance"] or p["storage"]):
+        # the records as of a revision are an instance's or a storage's: without one nothing would show it
+        module.fail_json(msg="revision %d needs an instance or a storage whose records to show as of it (history.yml: "
+                             "-e history_revision=%d with -e history_instance=<name> or -e history_storage=<name>)"
+                             % (p["revision"], p["revision"]))
     out = history_report(p["config_root"], instance=p["instance"], storage=p["storage"], root=p["root"],
                          since=p["since"], revision=p["revision"], details=p["details"])
     return dict(changed=False, **out)

@@ -446,6 +446,17 @@ def test_history_playbook_shows_each_step_and_a_record_as_of_a_revision(checkout
     assert "History of s3://%s/%s/meta-state (revision 2)" % (local_aws.STATE_BUCKET, checkouts.prefix) in out
     assert "launch-params.yaml: alias: first" in out and "revision: 1" in out  # as of revision 1
 
+    # a revision without an instance or storage, and a mistyped revision number, are refused (they were
+    # skipped in silence, and read as 0: every revision)
+    for extra, said in ((("-e", "history_revision=1"), "revision 1 needs an instance or a storage whose records to show"),
+                        (("-e", "history_since=abc"), "since")):
+        proc = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "playbooks/history.yml",
+                               "-e", "csis_config_root=%s" % checkouts("b"), *extra],
+                              cwd=str(REPO), env=env, capture_output=True, text=True, check=False)
+        out = " ".join((proc.stdout + proc.stderr).split())
+        assert proc.returncode != 0 and said in out, out[-3000:]
+        assert "History of" not in out
+
 
 def test_a_run_whose_s3_run_lock_was_broken_applies_nothing_more(checkouts, aws_env, moto_endpoint, monkeypatch):
     """The run lock's watcher, a real process holding the lock in the S3 store, finds it broken by

@@ -41,7 +41,9 @@ def test_a_pending_upgrade_is_cancelled_and_no_lifecycle_runs(tmp_path):
     # check mode: the playbook runs to its end, says the marker is left alone, and changes nothing
     rc, out = play(root, "cancel=true", "--check")
     assert rc == 0, out
-    assert "test2: check mode: the marker is not removed; a real run would cancel" in out and "ami-2" in out, out
+    assert "test2: check mode: the marker is not removed; a real run would cancel the replacement onto ami-2 from ami-1, " \
+           "asked by " in out, out
+    assert "{" not in out.split("a real run would cancel", 1)[1].split("TASK", 1)[0], out  # words, not a Python dict
     assert e2e.meta_state_digest(root) == before
 
     rc, out = play(root, "cancel=true")
@@ -54,3 +56,9 @@ def test_a_pending_upgrade_is_cancelled_and_no_lifecycle_runs(tmp_path):
 
     rc, out = play(root, "cancel=true")
     assert rc == 0 and "test2: no pending replacement to cancel" in out, out
+    # a mistyped name is no "nothing to cancel": the operator believes the upgrade is cancelled
+    argv_rc, out = play(root, "cancel=true", "instance=tset2")
+    assert argv_rc != 0, out
+    assert "instance 'tset2' is not in meta-state/launch-params.yaml: it was never launched, so it has no upgrade to " \
+           "cancel (a mistyped name?)" in out, out
+    assert read_meta(root, "pins.yaml") == pins

@@ -591,6 +591,13 @@ def _upgradable(instance: str, launch: Any) -> None:
         raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
 
 
+def _cancellable(instance: str, launch: Any) -> None:
+    """Refuse a cancel for a name meta-state does not know (a typo would read as "nothing to cancel")."""
+    if not isinstance(launch, dict):
+        raise RecordError("instance '%s' is not in meta-state/launch-params.yaml: it was never launched, so it has no "
+                          "upgrade to cancel (a mistyped name?)" % instance)
+
+
 def _same_marker(old: Any, entry: Mapping[str, Any]) -> bool:
     """A marker already there asks the same (``to`` and ``from`` equal): leaving it again changes nothing."""
     return isinstance(old, dict) and all(old.get(k) == entry[k] for k in ("to", "from"))
@@ -640,11 +647,14 @@ def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Opti
     ms = MetaState(config_root)
     if check:
         old = ms.load_rest("pins.yaml")["pending_replacements"].get(instance)
+        if old is None:
+            _cancellable(instance, ms.load_record("launch-params.yaml", instance))
         return {"changed": old is not None, "pending": old, "written": []}
     with ms.transaction("csis upgrade cancelled %s" % instance) as txn:
         pins = txn.load_rest("pins.yaml")
         old = pins["pending_replacements"].pop(instance, None)
         if old is None:
+            _cancellable(instance, txn.load_record("launch-params.yaml", instance))
             return {"changed": False, "pending": None, "written": []}
         pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": old.get("from"),
                                                 "to": old.get("to"), "op": "upgrade-cancelled", "run": run,
