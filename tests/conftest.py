@@ -125,20 +125,21 @@ SHARED_MOTO_ENV = "CSIS_TEST_SHARED_MOTO_DIR"
 # listed follow, the end-to-end directories' (integration, faults) before the others, then most
 # tests first: a new end-to-end file of one or two tests must not start after every unit file
 # and leave one worker alone in it at the end. Refine the list from that table when a file's
-# weight changes (test_lifecycle_e2e.py first since it holds the drift tests too, 2026-12-06).
+# weight changes (test_lifecycle_e2e.py first since it holds the drift tests too, 2026-12-06;
+# test_lifecycle_ebs_e2e.py lighter since its refusals covered elsewhere went, 2026-12-07).
 HEAVIEST_FIRST = (
     "tests/integration/test_lifecycle_e2e.py",
     "tests/integration/test_day2_instances.py",
-    "tests/integration/test_lifecycle_ebs_e2e.py",
     "tests/faults/test_kill_at_every_step.py",
     "tests/integration/test_day2_ephemeral.py",
     "tests/integration/test_interrupted_and_vanished.py",
     "tests/integration/test_destroy_environment.py",
+    "tests/integration/test_two_checkouts_e2e.py",
+    "tests/integration/test_lifecycle_ebs_e2e.py",
     "tests/faults/test_endpoint_down_mid_apply.py",
     "tests/integration/test_molecule.py",
     "tests/integration/test_day2_storage.py",
     "tests/integration/test_manual_gaps_moto.py",
-    "tests/integration/test_two_checkouts_e2e.py",
     "tests/integration/test_awx_runner.py",
     "tests/integration/test_render_roots.py",
     "tests/integration/test_tfmodules_moto.py",

@@ -3,15 +3,13 @@
 # Apache License 2.0 (see LICENSE)
 """The storage state machine end to end (real terraform, the session's moto server, real
 ansible-playbook): EBS archive -> restore of ``mnt_data``; S3 ``-> destroyed`` of a bucket
-holding objects and of a versioned one; nothing data-destroying with ``apply_storage`` off;
-a dry run in between changes nothing.
+holding objects and of a versioned one; nothing data-destroying with ``apply_storage`` off.
 
 One tree for the module (no instance mounts ``mnt_data``: the state machine refuses to
 archive an attached volume), applied once by the fixture; the tests run in order.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -129,19 +127,6 @@ def test_archive_and_bucket_destroys_in_one_run(tree):
     for b in ("plainb", "versb"):
         assert st[b]["state"] == "destroyed"
         assert st[b]["history"][-1] == {**st[b]["history"][-1], "from": "active", "to": "destroyed", "action": "wipe"}
-
-
-def test_a_dry_run_while_archived_changes_nothing(tree):
-    before = meta_bytes(tree.root)
-    snaps = archive_snaps(tree)
-    declare(tree, mnt_data="active", plain="destroyed", versioned="destroyed")  # the restore, rendered only
-    res = tree.play("storage.yml", real=False)
-    assert res.returncode == 0, tail(res)
-    assert meta_bytes(tree.root) == before
-    assert archive_snaps(tree) == snaps
-    ebs_tf = os.path.join(tree.root, "generated/storage/aws-ebs/storage-generation/aws-ebs-storage-generation-storage-mnt_data.tf")
-    with open(ebs_tf, encoding="utf-8") as fh:
-        assert 'snapshot_name = "csis-mnt_data-archive"' in " ".join(fh.read().split()).replace("  ", " ")
 
 
 def test_restore_brings_the_volume_back_from_the_snapshot_and_deletes_it(tree):

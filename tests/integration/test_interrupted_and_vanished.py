@@ -217,3 +217,8 @@ def test_gate_refuses_to_create_a_recorded_storage(tree, moto_endpoint):
     assert "Apply exactly that plan file" not in run.out
     assert all_volume_ids(ep, tree) == vols
     assert e2e.meta_state_digest(tree.root) == before
+    # no record changed, and the audit trail holds the refusal (playbooks/history.yml -e history_root=...)
+    from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
+    lines = history_report(tree.root, root="storage-aws-ebs")["lines"]
+    assert any("gate refused storage-aws-ebs" in line and "RECORDED STORAGE WOULD BE CREATED: %s" % address in line
+               for line in lines), lines

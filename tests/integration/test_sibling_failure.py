@@ -42,6 +42,7 @@ def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path
     refused = t.play("storage.yml", csis_auto_approve=False)
     assert refused.returncode != 0, tail(refused)
     assert text(refused).count("Not approved (no answer: stdin is not interactive, or an empty line): nothing applied.") >= 2, tail(refused)
+    assert "Apply exactly that plan file" not in text(refused), tail(refused)
     with open(os.path.join(t.root, "generated", "run-summary.json"), encoding="utf-8") as fh:
         summary = json.load(fh)["roots"]
     assert {k: (r["status"], r["failed_step"]) for k, r in summary.items()} == dict.fromkeys(
@@ -70,6 +71,7 @@ def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path
     assert (s3["status"], s3["applied"], s3["recorded"]) == ("failed", False, []), s3
     # the bucket's apply began and failed: the summary does not call that "nothing applied"
     assert s3["apply_failed"] is True and ebs["apply_failed"] is False, (s3, ebs)
+    assert s3["gate"]["verdict"] == "passed" and s3["failed_step"].startswith("Apply exactly that plan file"), s3
     shown = t.play("summary.yml")
     assert shown.returncode == 0, tail(shown)
     line = text(shown).split("storage-aws-s3: failed; at ", 1)[-1].split("storage-aws-", 1)[0]
