@@ -46,6 +46,18 @@ options:
   plan_digest:
     description: The digest of the plan the event is about, when there was one.
     type: str
+  instances:
+    description:
+      - The instances the root declares (C(csis_root_item.instances)), so that C(playbooks/history.yml
+        -e history_instance=<name>) shows the root's refusals and failures in each one's history.
+    type: list
+    elements: str
+    default: []
+  storages:
+    description: The storages the root declares (C(csis_root_item.storages)), as O(instances) for C(history_storage).
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     details: Nothing is written; returns C(changed=true), as a real run would.
@@ -76,7 +88,8 @@ def _audit(module, p):
     if module.check_mode:  # a real run always writes the record
         return dict(changed=True, revision=0)
     revision = audit_root_event(p["config_root"], p["kind"], p["root"], detail=p["detail"], step=p["step"],
-                                run=p["run_id"], lifecycle=p["lifecycle"], plan_digest=p["plan_digest"])
+                                run=p["run_id"], lifecycle=p["lifecycle"], plan_digest=p["plan_digest"],
+                                instances=p["instances"], storages=p["storages"])
     return dict(changed=True, revision=revision)
 
 
@@ -91,6 +104,8 @@ RUN = ModuleRun(
         run_id=dict(type="str"),
         lifecycle=dict(type="str"),
         plan_digest=dict(type="str"),
+        instances=dict(type="list", elements="str", default=[]),
+        storages=dict(type="list", elements="str", default=[]),
     ),
     requires=("PyYAML",),
     failure={"changed": False},

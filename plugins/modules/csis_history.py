@@ -22,10 +22,13 @@ options:
   instance:
     description:
       - Only the revisions that changed this instance's records, or a HARD line of the state query about it
-        (meta-state's C(drift.yaml)). At most one of I(instance) and I(storage).
+        (meta-state's C(drift.yaml)), its upgrade requests, cancels and verifications, and the refusals and
+        failures of the root that declares it. At most one of I(instance) and I(storage).
     type: str
   storage:
-    description: Only the revisions that changed this storage's records, or a HARD line of the state query about it.
+    description:
+      - Only the revisions that changed this storage's records, or a HARD line of the state query about it, its
+        forget and state import, and the refusals and failures of the root that declares it.
     type: str
   root:
     description: Only the revisions whose writer, context or audit event names this terraform root (its whole name).

@@ -72,6 +72,9 @@ def test_a_root_that_applied_is_recorded_when_another_roots_apply_fails(tmp_path
     # the bucket's apply began and failed: the summary does not call that "nothing applied"
     assert s3["apply_failed"] is True and ebs["apply_failed"] is False, (s3, ebs)
     assert s3["gate"]["verdict"] == "passed" and s3["failed_step"].startswith("Apply exactly that plan file"), s3
+    # the failure is in the history of the storage its root declares (the role's csis_audit names it)
+    lines = store.history_report(t.root, storage="takenb")["lines"]
+    assert any("failed storage-aws-s3" in line and "Apply exactly that plan file" in line for line in lines), lines
     shown = t.play("summary.yml")
     assert shown.returncode == 0, tail(shown)
     line = text(shown).split("storage-aws-s3: failed; at ", 1)[-1].split("storage-aws-", 1)[0]

@@ -252,3 +252,21 @@ def test_an_instances_history_shows_its_upgrade_request_cancel_and_verifications
     assert whats == ["seed launch", "csis upgrade db", "csis verification of db"], whats
     # a name that is only a part of another's names neither
     assert store.history_report(root, instance="we")["trail"] == []
+
+
+def test_a_roots_failure_is_in_the_history_of_each_instance_and_storage_it_declares(tmp_path):
+    """A failed apply or a refused gate of the instance root changes no record: the audit event names
+    what the root declares (csis_audit's instances/storages), so history_instance shows it too."""
+    root = str(tmp_path)
+    store.audit_root_event(root, "failed", "instance-image-open-tofu", detail="Error: launching the instance",
+                           step="Apply exactly that plan file", instances=["test2", "test"])
+    store.audit_root_event(root, "gate refused", "storage-aws-ebs", detail="DESTROY NOT WHITELISTED: x",
+                           storages=["mnt_data"])
+    (line,) = store.history_report(root, instance="test2")["lines"]
+    assert "failed instance-image-open-tofu" in line and "Error: launching the instance" in line, line
+    assert "test2" not in line.split(" -- ", 1)[1], line  # the line names the root, not every instance it declares
+    assert store.history_report(root, instance="test")["lines"] == [line]
+    assert store.history_report(root, instance="tes")["lines"] == []
+    (line,) = store.history_report(root, storage="mnt_data")["lines"]
+    assert "gate refused storage-aws-ebs" in line, line
+    assert store.history_report(root, instance="mnt_data")["lines"] == []  # a storage's name is no instance's

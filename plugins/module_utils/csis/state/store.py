@@ -66,7 +66,7 @@ import re
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..config.names import NAME_RE, mount_point_ok
 from ..errors import printable
@@ -1920,13 +1920,19 @@ def _what_names(doc: Mapping[str, Any], prefixes: Tuple[str, ...], name: str) ->
     return any(what == prefix + name for prefix in prefixes)
 
 
+def _event_names(doc: Mapping[str, Any], key: str, name: str) -> bool:
+    """An event of a root that declares ``name`` (``audit_root_event``'s ``instances``/``storages``):
+    its refusals and failures belong to each one's history."""
+    return any(isinstance(e, dict) and isinstance(e.get(key), list) and name in e[key] for e in doc.get("events") or [])
+
+
 def _matches(doc: Mapping[str, Any], instance: Optional[str], storage: Optional[str], root: Optional[str],
              drift: bool = True) -> bool:
     changes = doc.get("changes") or []
-    if instance and not (_what_names(doc, _WHAT_INSTANCE, instance)
+    if instance and not (_what_names(doc, _WHAT_INSTANCE, instance) or _event_names(doc, "instances", instance)
                          or any(_names(c, _INSTANCE_FILES, instance, drift) for c in changes)):
         return False
-    if storage and not (_what_names(doc, _WHAT_STORAGE, storage)
+    if storage and not (_what_names(doc, _WHAT_STORAGE, storage) or _event_names(doc, "storages", storage)
                         or any(_names(c, _STORAGE_FILES, storage, drift) for c in changes)):
         return False
     if root:  # the root's own name, never a part of another's (aws-s3 is not aws-s3-logs)
@@ -1953,11 +1959,16 @@ AUDIT_DETAIL_MAX = 2000
 
 def audit_root_event(config_root: str, kind: str, root: str, detail: str = "", step: Optional[str] = None,
                      run: Optional[str] = None, lifecycle: Optional[str] = None,
-                     plan_digest: Optional[str] = None) -> int:
+                     plan_digest: Optional[str] = None, instances: Sequence[str] = (),
+                     storages: Sequence[str] = ()) -> int:
     """Commit the audit record of an event of one root (``csis_audit``'s: a refused gate, a failed
-    step, a released state lock), as ``playbooks/history.yml`` filters them by root; its revision."""
+    step, a released state lock), as ``playbooks/history.yml`` filters them by root; its revision.
+    ``instances``/``storages``: what the root declares, so each one's history shows the event too."""
     fields = (("kind", kind), ("root", root), ("step", step), ("lifecycle", lifecycle), ("plan_digest", plan_digest))
     event: Dict[str, Any] = {k: v for k, v in fields if v}
+    for key, names in (("instances", instances), ("storages", storages)):
+        if names:
+            event[key] = sorted({str(n) for n in names})
     event["detail"] = (detail or "")[:AUDIT_DETAIL_MAX]
     context = {"root": root, "run": run, "lifecycle": lifecycle, "plan_digest": plan_digest}
     return audit_event(config_root, event, what="csis %s: %s" % (kind, root),
@@ -2025,7 +2036,8 @@ def _event_text(event: Mapping[str, Any]) -> str:
     requester, method, workflow and apply job), digests cut to 12 characters."""
     bits = [str(event["detail"])] if event.get("detail") else []
     for key, value in sorted(event.items()):
-        if key in ("kind", "root", "detail") or value in (None, "", [], {}):
+        # what the root declares ties the event to each one's history; the line names the root
+        if key in ("kind", "root", "detail", "instances", "storages") or value in (None, "", [], {}):
             continue
         text = str(value)
         bits.append("%s %s" % (key, text[:12] if key.endswith("digest") else text))
