@@ -22,6 +22,8 @@ description:
     again (C(describe_images) by id): one deregistered, no longer C(available), or not a build of the instance's
     image since the marker was left fails the task before the render. The replacement is delete-then-create:
     applied onto a build that cannot boot, it would terminate the machine and never launch its successor.
+    A lookup that fails (no access, the endpoint down) fails the task too, saying so. The role skips this step
+    with C(csis_resolve_series_heads=false), and the build is then not looked up either.
 extends_documentation_fragment:
   - csis.infra.controller.tree_read_only
   - csis.infra.config.undeclare
@@ -75,7 +77,10 @@ def _run(module, p):
             try:
                 check_upgrade_target(tree, name, to, reveal=reveal_of(module), outcome=(
                     "nothing rendered: cancel the upgrade (playbooks/upgrade_instance.yml -e instance=%s -e cancel=true) "
-                    "or leave it again onto another build" % name))
+                    "or leave it again onto another build" % name), unchecked=(
+                    "nothing rendered: the replacement is delete-then-create, so its build is looked up before each "
+                    "render; fix the runtime's access and run again (-e csis_resolve_series_heads=false renders "
+                    "without looking it or any series head up)"))
             except UpgradeTargetError as exc:
                 module.fail_json(msg="the pending upgrade of %s: %s" % (name, exc))
     wanted = list(p["instances"]) + pending

@@ -138,7 +138,7 @@ def _mark(module, p):
         except Exception:  # noqa: BLE001 - the head unread: the next run's render reads it and says
             same = None
         if same:
-            module.warn(same)
+            module.warn(same + (" (check mode: no marker was left)" if module.check_mode else ""))
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 

@@ -134,15 +134,17 @@ def test_apply_flag_turned_off_at_the_approval_prompt(ebs, moto_endpoint):
     def flag_off():
         e2e.write_yaml(flag, {"config": {"apply_storage": False}})
 
-    run = e2e.run_playbook_at_prompt("storage.yml", ebs.root, moto_endpoint.env, flag_off,
-                                     overlays=[moto_endpoint.overlay_path, flag], log=ebs.log("flag-off.log"))
+    try:
+        run = e2e.run_playbook_at_prompt("storage.yml", ebs.root, moto_endpoint.env, flag_off,
+                                         overlays=[moto_endpoint.overlay_path, flag], log=ebs.log("flag-off.log"))
+    finally:
+        e2e.set_storage_builder_size(ebs.root, "aws-ebs", 100)  # nothing pending for the tests after this one
     assert "Type 'yes' to apply them" in run.out, run.tail()
     assert run.rc != 0
     assert "apply_storage is false NOW in %s for root 'aws-ebs' -- not applying." % flag in run.out, run.tail()
     assert "Apply exactly that plan file" not in run.out
     assert volume(moto_endpoint, ebs.vid)["Size"] == 100
     assert e2e.meta_state_digest(ebs.root) == before
-    e2e.set_storage_builder_size(ebs.root, "aws-ebs", 100)  # nothing pending for the tests after this one
 
 
 def _run_lock_holder(root):

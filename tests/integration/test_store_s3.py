@@ -449,7 +449,7 @@ def test_history_playbook_shows_each_step_and_a_record_as_of_a_revision(checkout
     # a revision without an instance or storage, and a mistyped revision number, are refused (they were
     # skipped in silence, and read as 0: every revision)
     for extra, said in ((("-e", "history_revision=1"), "revision 1 needs an instance or a storage whose records to show"),
-                        (("-e", "history_since=abc"), "since")):
+                        (("-e", "history_since=abc"), "history_since=abc: pass a revision number")):
         proc = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "playbooks/history.yml",
                                "-e", "csis_config_root=%s" % checkouts("b"), *extra],
                               cwd=str(REPO), env=env, capture_output=True, text=True, check=False)

@@ -332,6 +332,17 @@ def test_an_upgrade_marker_can_be_cancelled_before_a_run_applied_it(tmp_path):
     again = record.cancel_upgrade(root, "test2", "r3")
     assert (again["changed"], again["pending"], again["written"]) == (False, None, [])
     assert MetaState(root).load("pins.yaml") == pins
+    # a name meta-state never launched is refused (a typo is no "nothing to cancel"), in check mode too
+    for check in (True, False):
+        with pytest.raises(record.RecordError, match=r"^instance 'tset2' is not in meta-state/launch-params.yaml: it "
+                                                     r"was never launched"):
+            record.cancel_upgrade(root, "tset2", "r4", check=check)
+    # one forgotten or decommissioned since (its generations kept, its marker gone with its launch record):
+    # nothing to cancel, no error (a retried cancel)
+    write_meta(root, "instance-state.yaml", {"instances": {"gone": {"generation": {"durable": 1, "ephemeral": 0},
+                                                                    "current": None, "history": []}}})
+    for check in (True, False):
+        assert record.cancel_upgrade(root, "gone", "r5", check=check)["changed"] is False
 
 
 # --------------------------------------------------------------------------- archived -> destroyed
@@ -429,6 +440,22 @@ def test_an_upgrade_target_must_be_an_available_build_of_the_instances_image(tmp
                                                  r"not a build of its image 'imgfile-basic' \(whose builds' names start "
                                                  r"with 'imgfile-basic-pckr-ebs-ans'\); not marked$"):
         check("ami-0dask")
+
+    # a lookup that fails (no access, the endpoint down, no client at all) is no missing build: its own ending
+    class Denied:
+        def describe_images(self, ImageIds):  # noqa: N803 - boto3's argument name
+            err = Exception("An error occurred (UnauthorizedOperation)")
+            err.response = {"Error": {"Code": "UnauthorizedOperation", "Message": "not allowed"}}
+            raise err
+
+    def no_client(runtime):
+        raise RuntimeError("The config profile (gone) could not be found")
+
+    for client_for in (lambda runtime: Denied(), no_client):
+        with pytest.raises(UpgradeTargetError, match=r"^instance 'test': the build ami-0good cannot be looked up on "
+                                                     r"runtime aws-east2-runtime: .*; fix access$"):
+            check_upgrade_target(tree, "test", "ami-0good", client_for=client_for, outcome="cancel it",
+                                 unchecked="fix access")
 
 
 def test_an_upgrade_onto_the_build_the_machine_runs_is_said(tmp_path):

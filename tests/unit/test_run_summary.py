@@ -110,6 +110,12 @@ def test_an_apply_that_failed_partway_is_not_called_nothing_applied(tmp_path):
     assert line.startswith("storage-ebs: failed; at 'Apply exactly that plan file'; Plan: 2 to add; the apply failed partway: "
                            "resources may have been created, changed or destroyed"), line
     assert "playbooks/state_query.yml" in line, line
+    # an ephemeral root: its launch pass applied and recorded, its teardown's apply failed partway
+    data = rs.add_root(root, "run1", {"key": "instance-image-t", "status": "failed", "applied": "True", "apply_failed": "True",
+                                      "recorded": ["launch-params.yaml"]})
+    line = [x for x in rs.summary_lines(data) if x.startswith("instance-image-t:")][0]
+    assert "an earlier pass of the root applied; this pass's apply failed partway" in line, line
+    assert "nothing was recorded" not in line and "recorded launch-params.yaml" in line, line
     # a root refused before its apply still says nothing was applied
     data = rs.add_root(root, "run1", {"key": "storage-efs", "status": "failed", "failed_step": "Gate the plan",
                                       "applied": "False", "apply_failed": "False"})

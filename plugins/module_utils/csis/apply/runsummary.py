@@ -153,9 +153,11 @@ def summary_lines(data: Optional[Mapping[str, Any]]) -> List[str]:
             parts.append("gate %s" % gate["verdict"])
         if r.get("apply_failed"):
             # terraform stopped partway: what it did before is in the root's state, not in meta-state
-            applied = ("the apply failed partway: resources may have been created, changed or destroyed before it "
-                       "stopped, and nothing was recorded (playbooks/state_query.yml compares meta-state with the "
-                       "provider; the next run plans from the state)")
+            # (an ephemeral root's launch pass may have applied and recorded before its teardown failed)
+            applied = ("%s apply failed partway: resources may have been created, changed or destroyed before it "
+                       "stopped, and what it did is not recorded (playbooks/state_query.yml compares meta-state with "
+                       "the provider; the next run plans from the state)"
+                       % ("an earlier pass of the root applied; this pass's" if r.get("applied") else "the"))
         else:
             applied = "applied" if r.get("applied") else "nothing applied"
         if r.get("applied") and r.get("apply_seconds") is not None:

@@ -67,13 +67,16 @@ class UpgradeTargetError(Exception):
 
 
 def check_upgrade_target(tree: Tree, instance: str, ami: str, client_for: Any = None,
-                         reveal: Optional[Reveal] = None, outcome: str = "not marked") -> Dict[str, Any]:
+                         reveal: Optional[Reveal] = None, outcome: str = "not marked",
+                         unchecked: Optional[str] = None) -> Dict[str, Any]:
     """Refuse (:class:`UpgradeTargetError`) an upgrade's ``to`` build that the instance's
     replacement cannot boot: not an AMI of the instance's runtime (a typo: the instance module
     replaces delete-then-create, so the apply would terminate the machine, then fail to launch
     its successor), not ``available``, or not a build of the instance's image (its name does
     not start with the image's ``name_pattern``, as the series heads read it). Returns the
-    image's ``{ami_id, name, creation_date}``. ``outcome`` ends each message (what was not done)."""
+    image's ``{ami_id, name, creation_date}``. ``outcome`` ends each message (what was not done);
+    ``unchecked`` (default ``outcome``) ends the message of a lookup that failed (no access, the
+    endpoint down): the build may well be there."""
     inst = tree.instances.get(instance)
     if inst is None:
         raise UpgradeTargetError("instance '%s' is not declared: nothing to check the build %s against" % (instance, ami))
@@ -83,15 +86,16 @@ def check_upgrade_target(tree: Tree, instance: str, ami: str, client_for: Any = 
     if img is None or rt is None:
         raise UpgradeTargetError("instance '%s': its image or runtime is not declared: nothing to check the build %s "
                                  "against" % (instance, ami))
-    ec2 = client_for(rt.name) if client_for else aws.client("ec2", aws.tree_access(tree, rt.name, reveal))
     try:
+        ec2 = client_for(rt.name) if client_for else aws.client("ec2", aws.tree_access(tree, rt.name, reveal))
         imgs = ec2.describe_images(ImageIds=[ami]).get("Images") or []
     except Exception as exc:  # noqa: BLE001 - absent, or said as it is
         if aws.error_code(exc) in ("InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable"):
             imgs = []
         else:
             raise UpgradeTargetError("instance '%s': the build %s cannot be looked up on runtime %s: %s; %s"
-                                     % (instance, ami, rt.name, aws.error_text(exc), outcome)) from exc
+                                     % (instance, ami, rt.name, aws.error_text(exc),
+                                        outcome if unchecked is None else unchecked)) from exc
     if not imgs:
         raise UpgradeTargetError("instance '%s': there is no AMI %s on runtime %s (region %s): replaced onto it, the "
                                  "machine would be terminated and its successor never launched; %s"

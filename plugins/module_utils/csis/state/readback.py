@@ -40,7 +40,9 @@ def summarize(tree: Tree, meta: Mapping[str, Any], reveal: Optional[Reveal] = No
         if facts.get("type") != "s3" or rec.get("state") != "active" or not runtimes:
             continue
         declared = tree.storages.get(name)
-        builder = tree.storage_builder_for(declared) if declared is not None else None
+        # no longer declared: the builder meta-state recorded it with
+        builder = (tree.storage_builder_for(declared) if declared is not None
+                   else tree.storage_builder(str(facts.get("builder") or "")))
         rt = tree.builder_runtime(builder) if builder is not None else None
         buckets.setdefault(rt.name if rt is not None and rt.name in tree.runtimes else runtimes[0], []).append(name)
     for rt_name in runtimes:

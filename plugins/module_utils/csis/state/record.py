@@ -591,9 +591,11 @@ def _upgradable(instance: str, launch: Any) -> None:
         raise RecordError("instance '%s' is ephemeral: every run launches it afresh; nothing to upgrade" % instance)
 
 
-def _cancellable(instance: str, launch: Any) -> None:
-    """Refuse a cancel for a name meta-state does not know (a typo would read as "nothing to cancel")."""
-    if not isinstance(launch, dict):
+def _cancellable(instance: str, launch: Any, state: Any) -> None:
+    """Refuse a cancel for a name meta-state does not know (a typo would read as "nothing to cancel").
+    An instance forgotten or decommissioned since keeps its generations in instance-state.yaml (its
+    marker went with its launch record): nothing to cancel, no error (a retried cancel)."""
+    if not isinstance(launch, dict) and not isinstance(state, dict):
         raise RecordError("instance '%s' is not in meta-state/launch-params.yaml: it was never launched, so it has no "
                           "upgrade to cancel (a mistyped name?)" % instance)
 
@@ -648,13 +650,15 @@ def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Opti
     if check:
         old = ms.load_rest("pins.yaml")["pending_replacements"].get(instance)
         if old is None:
-            _cancellable(instance, ms.load_record("launch-params.yaml", instance))
+            _cancellable(instance, ms.load_record("launch-params.yaml", instance),
+                         ms.load_record("instance-state.yaml", instance))
         return {"changed": old is not None, "pending": old, "written": []}
     with ms.transaction("csis upgrade cancelled %s" % instance) as txn:
         pins = txn.load_rest("pins.yaml")
         old = pins["pending_replacements"].pop(instance, None)
         if old is None:
-            _cancellable(instance, txn.load_record("launch-params.yaml", instance))
+            _cancellable(instance, txn.load_record("launch-params.yaml", instance),
+                         txn.load_record("instance-state.yaml", instance))
             return {"changed": False, "pending": None, "written": []}
         pins.setdefault("upgrades", []).append({"kind": "instance", "name": instance, "from": old.get("from"),
                                                 "to": old.get("to"), "op": "upgrade-cancelled", "run": run,
