@@ -72,7 +72,8 @@ def _run(module, p):
     # a pending upgrade's build was looked up when the marker was left (csis_upgrade); it may have been
     # deregistered since, and the replacement is delete-then-create: looked up again before the render
     for name in pending:
-        to = (markers[name] or {}).get("to") if isinstance(markers[name], dict) else None
+        marker = markers[name]
+        to = marker.get("to") if isinstance(marker, dict) else None
         if to and name in tree.instances:
             try:
                 check_upgrade_target(tree, name, to, reveal=reveal_of(module), outcome=(

@@ -111,34 +111,30 @@ written:
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.config.loader import load_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ARGS, INSTANCE_ARGS, ModuleRun, argument_spec, reveal_of
-from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import (
-    UpgradeTargetError, check_upgrade_target, onto_the_same_build)
+from ansible_collections.csis.infra.plugins.module_utils.csis.render.series_heads import check_upgrade_target, onto_the_same_build
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.record import cancel_upgrade, mark_upgrade
 
 
 def _mark(module, p):
     if p["to"] and not (p["to"].startswith("ami-") and p["to"][4:].isalnum()):
         module.fail_json(msg="to %r is not an AMI id" % p["to"])
-    if p["state"] == "present" and p["to"]:
-        try:
-            check_upgrade_target(load_tree(p["config_root"], overlays=p["overlays"] or ()), p["instance"], p["to"],
-                                 reveal=reveal_of(module))
-        except UpgradeTargetError as exc:
-            module.fail_json(msg=str(exc))
     if p["state"] == "absent":
         out = cancel_upgrade(p["config_root"], p["instance"], p["run_id"], requested_by=p["requested_by"],
                              check=module.check_mode)
-    else:
-        out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"],
-                           check=module.check_mode)
-        pending = out["pending"] or {}
-        try:
-            same = onto_the_same_build(load_tree(p["config_root"], overlays=p["overlays"] or ()), p["instance"],
-                                       pending.get("from"), to=pending.get("to"), reveal=reveal_of(module))
-        except Exception:  # noqa: BLE001 - the head unread: the next run's render reads it and says
-            same = None
-        if same:
-            module.warn(same + (" (check mode: no marker was left)" if module.check_mode else ""))
+        return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
+    tree = load_tree(p["config_root"], overlays=p["overlays"] or ())
+    if p["to"]:  # an UpgradeTargetError (a CsisError) fails the task before any marker
+        check_upgrade_target(tree, p["instance"], p["to"], reveal=reveal_of(module))
+    out = mark_upgrade(p["config_root"], p["instance"], p["run_id"], to=p["to"], requested_by=p["requested_by"],
+                       check=module.check_mode)
+    pending = out["pending"] or {}
+    try:
+        same = onto_the_same_build(tree, p["instance"], pending.get("from"), to=pending.get("to"),
+                                   reveal=reveal_of(module))
+    except Exception:  # noqa: BLE001 - the head unread: the next run's render reads it and says
+        same = None
+    if same:
+        module.warn(same + (" (check mode: no marker was left)" if module.check_mode else ""))
     return dict(changed=out["changed"], pending=out["pending"], written=out["written"])
 
 

@@ -13,10 +13,17 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from .. import aws
 from ..config.loader import Tree
 from ..config.secrets import Reveal
+from ..errors import CsisError
 
 
 def head_key(image: str, runtime: str) -> str:
     return "%s@%s" % (image, runtime)
+
+
+def image_and_runtime(tree: Tree, inst: Any) -> Tuple[Any, Any]:
+    """(image, runtime) an instance is launched from and on: either None when not declared."""
+    b = tree.instance_builder_for(inst) if inst is not None else None
+    return (tree.image_of(inst) if inst is not None else None), (tree.builder_runtime(b) if b else None)
 
 
 def wanted_series(tree: Tree, instances: Optional[Iterable[str]] = None, everything: bool = False
@@ -28,9 +35,7 @@ def wanted_series(tree: Tree, instances: Optional[Iterable[str]] = None, everyth
     for inst in tree.instances.values():
         if not (everything or inst.image_policy == "follow" or inst.name in names):
             continue
-        img = tree.image_of(inst)
-        b = tree.instance_builder_for(inst)
-        rt = tree.builder_runtime(b) if b else None
+        img, rt = image_and_runtime(tree, inst)
         if img is None or rt is None or not img.name_pattern:
             continue
         out.add((img.name, rt.name, img.name_pattern))
@@ -62,7 +67,7 @@ def series_heads(tree: Tree, instances: Optional[Iterable[str]] = None, everythi
     return heads
 
 
-class UpgradeTargetError(Exception):
+class UpgradeTargetError(CsisError):
     """The build an upgrade asks for cannot be what the instance is replaced onto."""
 
 
@@ -80,9 +85,7 @@ def check_upgrade_target(tree: Tree, instance: str, ami: str, client_for: Any = 
     inst = tree.instances.get(instance)
     if inst is None:
         raise UpgradeTargetError("instance '%s' is not declared: nothing to check the build %s against" % (instance, ami))
-    img = tree.image_of(inst)
-    b = tree.instance_builder_for(inst)
-    rt = tree.builder_runtime(b) if b else None
+    img, rt = image_and_runtime(tree, inst)
     if img is None or rt is None:
         raise UpgradeTargetError("instance '%s': its image or runtime is not declared: nothing to check the build %s "
                                  "against" % (instance, ami))
@@ -122,10 +125,7 @@ def onto_the_same_build(tree: Tree, instance: str, pin: Optional[str], to: Optio
     if to:
         target, which = to, "the build asked for"
     else:
-        inst = tree.instances.get(instance)
-        img = tree.image_of(inst) if inst is not None else None
-        b = tree.instance_builder_for(inst) if inst is not None else None
-        rt = tree.builder_runtime(b) if b else None
+        img, rt = image_and_runtime(tree, tree.instances.get(instance))
         if img is None or rt is None:
             return None
         target = head_ami(series_heads(tree, instances=[instance], client_for=client_for, reveal=reveal),

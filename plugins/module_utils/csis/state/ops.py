@@ -51,7 +51,7 @@ from .drift import run_id
 from .expectations import expectations
 from .lookups import lookup_bucket, lookup_filesystem, lookup_instance, lookup_storage, lookup_volume
 from .record import add_history, attaches, close_instance_records, mounted_storages, refresh_storage_model
-from .store import MetaState, audit_root_event, audit_trail
+from .store import WHAT_FORGET_INSTANCE, WHAT_FORGET_STORAGE, WHAT_IMPORT_STORAGE, MetaState, audit_root_event, audit_trail
 
 
 class StateOpError(CsisError):
@@ -153,7 +153,7 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     result = {"instance": name, "instance_id": iid, "checked": checked, "written": []}
     if check:
         return result
-    with MetaState(tree.root).transaction("csis_forget instance %s" % name) as txn:
+    with MetaState(tree.root).transaction(WHAT_FORGET_INSTANCE + name) as txn:
         pins = txn.load_rest("pins.yaml")
         launch = close_instance_records(txn, pins, name, "forgotten", run, op="forget")
         txn.save_rest("pins.yaml", pins)
@@ -217,7 +217,7 @@ def forget_storage(config_root: str, name: str, overlays: Any = (), confirm: boo
               "written": []}
     if check:
         return result
-    with MetaState(tree.root).transaction("csis_forget storage %s" % name) as txn:
+    with MetaState(tree.root).transaction(WHAT_FORGET_STORAGE + name) as txn:
         txn.save_record("storage-state.yaml", name, None)
         refresh_storage_model(txn, [name])
     result["written"] = list(txn.written)
@@ -542,7 +542,7 @@ def import_storage(config_root: str, name: str, storage_id: str, overlays: Any =
         return result
     if check:
         return result
-    with MetaState(tree.root).transaction("csis_state_import storage %s" % name) as txn:
+    with MetaState(tree.root).transaction(WHAT_IMPORT_STORAGE + name) as txn:
         rec = txn.load_record("storage-state.yaml", name)
         cur = rec.get("state") if rec else None
         if rec is None:

@@ -21,7 +21,7 @@ from ..clock import now
 from ..errors import CsisError
 from .. import tfstate
 from .backends import requester
-from .store import MetaState, MetaStateError
+from .store import WHAT_UPGRADE, WHAT_UPGRADE_CANCELLED, WHAT_VERIFICATION, MetaState, MetaStateError
 
 HISTORY_MAX = 50
 
@@ -536,7 +536,7 @@ def record_verification(config_root: str, verdict: Mapping[str, Any]) -> List[st
     ``meta-state/image-tests.yaml`` under the build the machine runs (the manual's per-build
     post-bake record; the last :data:`IMAGE_TESTS_MAX` results per build kept)."""
     ms = MetaState(config_root)
-    with ms.transaction("csis verification of %s" % verdict.get("instance")) as txn:
+    with ms.transaction(WHAT_VERIFICATION + str(verdict.get("instance"))) as txn:
         data = txn.load("verifications.yaml")
         data.setdefault("verifications", []).append(dict(verdict))
         del data["verifications"][:-VERIFICATIONS_MAX]
@@ -624,7 +624,7 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
         if _same_marker(old, entry):
             return {"changed": False, "pending": old, "written": []}
         return {"changed": True, "pending": entry, "written": []}
-    with ms.transaction("csis upgrade %s" % instance) as txn:
+    with ms.transaction(WHAT_UPGRADE + instance) as txn:
         _upgradable(instance, txn.load_record("launch-params.yaml", instance))
         pins = txn.load_rest("pins.yaml")
         pending = pins["pending_replacements"]
@@ -653,7 +653,7 @@ def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Opti
             _cancellable(instance, ms.load_record("launch-params.yaml", instance),
                          ms.load_record("instance-state.yaml", instance))
         return {"changed": old is not None, "pending": old, "written": []}
-    with ms.transaction("csis upgrade cancelled %s" % instance) as txn:
+    with ms.transaction(WHAT_UPGRADE_CANCELLED + instance) as txn:
         pins = txn.load_rest("pins.yaml")
         old = pins["pending_replacements"].pop(instance, None)
         if old is None:

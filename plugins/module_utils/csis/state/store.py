@@ -1911,8 +1911,15 @@ def _names(change: Mapping[str, Any], files: Tuple[str, ...], name: str, drift: 
 #: the ``what`` of the day-2 transactions that are about one instance or storage, before its name:
 #: an upgrade request or its cancel changes ``pins.yaml``'s pending replacements as a whole, and a
 #: verification appends to ``verifications.yaml``'s list, so their diff lines need not name it
-_WHAT_INSTANCE = ("csis upgrade ", "csis upgrade cancelled ", "csis verification of ", "csis_forget instance ")
-_WHAT_STORAGE = ("csis_forget storage ", "csis_state_import storage ")
+#: (the writers build their ``what`` from these: one text for the transaction and its filter)
+WHAT_UPGRADE = "csis upgrade "
+WHAT_UPGRADE_CANCELLED = "csis upgrade cancelled "
+WHAT_VERIFICATION = "csis verification of "
+WHAT_FORGET_INSTANCE = "csis_forget instance "
+WHAT_FORGET_STORAGE = "csis_forget storage "
+WHAT_IMPORT_STORAGE = "csis_state_import storage "
+_WHAT_INSTANCE = (WHAT_UPGRADE, WHAT_UPGRADE_CANCELLED, WHAT_VERIFICATION, WHAT_FORGET_INSTANCE)
+_WHAT_STORAGE = (WHAT_FORGET_STORAGE, WHAT_IMPORT_STORAGE)
 
 
 def _what_names(doc: Mapping[str, Any], prefixes: Tuple[str, ...], name: str) -> bool:
