@@ -283,13 +283,13 @@ def test_a_recorded_storage_keeps_its_label(tmp_path):
 
 
 def test_a_launched_instance_keeps_its_label(tmp_path):
-    """A launched instance renamed to a name of the same terraform label (test-2 -> test_2) would be
+    """A launched instance renamed to a name of the same terraform label (test-2 -> test.2) would be
     the same module call: planned as an in-place update of the old machine, never decommissioned."""
     launched = {"test-2": dict(LAUNCHED_TEST2["test2"])}
     root = make_tree(tmp_path, "mnt_data", "active", "active", launched=launched)
-    corpus.apply_mutation(root, {"file": INSTANCES_FILE, "set": {"instances.0.name": "test_2"}})
-    assert run(root) == [(INSTANCES_FILE, "instances[0] (test_2).name",
-                          "instance 'test_2' and the launched instance 'test-2' (meta-state/launch-params.yaml) both "
+    corpus.apply_mutation(root, {"file": INSTANCES_FILE, "set": {"instances.0.name": "test.2"}})
+    assert run(root) == [(INSTANCES_FILE, "instances[0] (test.2).name",
+                          "instance 'test.2' and the launched instance 'test-2' (meta-state/launch-params.yaml) both "
                           "become the terraform label 'instance_test_2': a launched instance keeps its name; name it "
                           "'test-2' again, or decommission 'test-2' first (undeclare it, run playbooks/instance_image.yml)")]
 

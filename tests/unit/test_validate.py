@@ -285,3 +285,30 @@ def test_a_hostname_too_long_is_refused_for_a_machine_to_launch_not_for_one_stan
     with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
         yaml.safe_dump({"instances": {long_name: params}}, fh, sort_keys=False)
     load_and_validate(example, run_version=corpus.version_stub({}))
+
+
+@pytest.mark.parametrize("bad, fix", [("web_1", "web-1"), ("db..a", "db-a"), ("end.", "end")])
+def test_a_hostname_hostnamectl_refuses_is_refused_for_a_machine_to_launch_not_for_one_standing(example, bad, fix):
+    """An instance name with ``_`` (or a dot beside a hyphen or another dot) gives a canonical
+    hostname hostnamectl refuses as the static one: the launch script's fallback would set it only
+    until the machine reboots. Refused for a machine still to be launched, with a name that works;
+    a machine launched under it keeps it."""
+    import yaml
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params
+
+    corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.1.name": bad}})
+    with pytest.raises(ConfigError) as err:
+        load_and_validate(example, run_version=corpus.version_stub({}))
+    [problem] = err.value.problems
+    assert problem.key == "instances[1] (%s).name" % bad
+    assert problem.message == (
+        "instance '%s': its machine's canonical hostname '%s-001' is no hostname hostnamectl keeps (letters, digits "
+        "and hyphens, single dots between them): the launch script could set it only until the machine reboots; "
+        "give the instance a name such as '%s'" % (bad, bad, fix))
+    tree = load_tree(example)
+    params = dict(compute_launch_params(tree, {}, tree.instances[bad], replacing=False, user_data=False),
+                  launched=True, run="r1", launched_run="r1")
+    os.makedirs(os.path.join(example, "meta-state"), exist_ok=True)
+    with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump({"instances": {bad: params}}, fh, sort_keys=False)
+    load_and_validate(example, run_version=corpus.version_stub({}))

@@ -15,8 +15,8 @@ import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..errors import ConfigError, Problem
-from ..render.launch import (EBS_DEVICES, HOSTNAME_MAX, canonical_hostname, compute_launch_params, immutability_problems,
-                             pending_replacement, user_data_template)
+from ..render.launch import (EBS_DEVICES, HOSTNAME_MAX, HOSTNAME_RE, canonical_hostname, compute_launch_params, hostname_fix,
+                             immutability_problems, pending_replacement, user_data_template)
 from ..state.aliases import POOL as ALIAS_POOL
 from ..state.aliases import pool_problems, read_pool
 from ..state.store import MetaState, MetaStateError
@@ -830,10 +830,12 @@ class Validation:
 
     def hostnames(self) -> None:
         """The canonical hostname (``<name>-NNN``) of a machine still to be launched (not launched
-        yet, being replaced, an ephemeral one's next) is a legal hostname label, 63 characters at most
+        yet, being replaced, an ephemeral one's next) is a legal hostname, 63 characters at most
         (RFC 1123, the rule the alias pool's names follow): a longer one is cut by hostnamectl and is
-        no name DNS or the access server takes. A machine standing keeps the hostname it has. Not
-        checked when the launch records could not be read (their rule reports that)."""
+        no name DNS or the access server takes; one with a character hostnamectl refuses (``_``, a
+        dot beside a hyphen or another dot) is set by the launch script's fallback only until the
+        machine reboots. A machine standing keeps the hostname it has. Not checked when the launch
+        records could not be read (their rule reports that)."""
         if self.meta.get("launch-params.yaml") is None:
             return
         recorded = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
@@ -843,7 +845,13 @@ class Validation:
             if isinstance(rec, dict) and rec.get("launched") and not replacing:
                 continue
             host = canonical_hostname(self.meta, name, inst.ephemeral, replacing)
-            if len(host) > HOSTNAME_MAX:
+            if not HOSTNAME_RE.match(host):
+                self.add("instance", name, "name",
+                         "instance '%s': its machine's canonical hostname '%s' is no hostname hostnamectl keeps "
+                         "(letters, digits and hyphens, single dots between them): the launch script could set it "
+                         "only until the machine reboots; give the instance a name such as '%s'"
+                         % (name, host, hostname_fix(name)))
+            elif len(host) > HOSTNAME_MAX:
                 self.add("instance", name, "name",
                          "instance '%s': its machine's canonical hostname '%s' would be %d characters, over the %d "
                          "characters a hostname label may have (RFC 1123); give the instance a name of at most %d "

@@ -12,6 +12,7 @@ a sanctioned replacement.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import models as m
@@ -51,6 +52,16 @@ def generation_number(meta: Mapping[str, Any], name: str, ephemeral: bool, repla
 
 #: the longest hostname a machine is given: a hostname label's 63 characters (RFC 1123)
 HOSTNAME_MAX = 63
+#: a hostname systemd's ``hostnamectl set-hostname`` keeps as the static one: letters, digits and
+#: hyphens ("LDH", RFC 5890), labels neither starting nor ending with a hyphen, single dots between
+#: them. An instance name may hold ``_`` and ``.`` (configuration NAME_RE); ``web_1-001`` is refused
+#: by hostnamectl, and the launch script's fallback (``hostname``) lasts only until the next boot.
+HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\Z")
+
+
+def hostname_fix(name: str) -> str:
+    """A name whose canonical hostname hostnamectl takes: every run of other characters one hyphen."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-") or "instance"
 
 
 def canonical_hostname(meta: Mapping[str, Any], name: str, ephemeral: bool, replacing: bool = False) -> str:
