@@ -312,3 +312,31 @@ def test_a_hostname_hostnamectl_refuses_is_refused_for_a_machine_to_launch_not_f
     with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
         yaml.safe_dump({"instances": {bad: params}}, fh, sort_keys=False)
     load_and_validate(example, run_version=corpus.version_stub({}))
+
+
+@pytest.mark.skipif(not __import__("shutil").which("terraform"), reason="needs terraform on PATH")
+def test_a_relative_binary_is_relative_to_the_tree_wherever_the_run_starts(example, tmp_path, monkeypatch):
+    """``binary: tools/terraform`` names the tree's own tools/terraform: the validation's version
+    check (run from wherever ansible-playbook started) and the render (which starts terraform in
+    each root) read the same file. It was resolved against the working directory: validation
+    refused it from anywhere but the tree, and from the tree the render then failed in the root."""
+    import shutil
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline
+
+    os.makedirs(os.path.join(example, "tools"))
+    os.symlink(shutil.which("terraform"), os.path.join(example, "tools", "terraform"))
+    corpus.apply_mutation(example, {"file": "cfg/executables.yml", "replace_text": {"binary: terraform": "binary: tools/terraform"}})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    tree, _meta = load_and_validate(example)  # the real `<binary> version -json`
+    assert {ex.binary for ex in tree.executables.values()} == {os.path.join(example, "tools", "terraform")}
+    res = pipeline.render(example, ["storage"], dry_run=True, prepare=False)
+    assert {r["binary"] for r in res["roots"]} == {os.path.join(example, "tools", "terraform")}
+    # a binary gone after the validation (the version check is cached per process): the render names it
+    os.unlink(os.path.join(example, "tools", "terraform"))
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.writer import EmitError
+    with pytest.raises(EmitError) as err:
+        pipeline.render(example, ["storage"], dry_run=True)
+    assert str(err.value).startswith("cannot start terraform '%s' (cfg/executables.yml binary): No such file or directory"
+                                     % os.path.join(example, "tools", "terraform")), err.value

@@ -9,6 +9,7 @@ Nothing here touches the network or writes a file. A problem always names the fi
 from __future__ import annotations
 
 import copy
+import datetime
 import difflib
 import fnmatch
 import glob
@@ -174,7 +175,7 @@ def _loc_to_key(loc: Tuple[Any, ...], data: Any) -> str:
     parts: List[str] = []
     cur = data
     for item in loc:
-        if isinstance(item, int):
+        if isinstance(item, int) and not isinstance(item, bool) and not isinstance(cur, dict):
             label = "[%d]" % item
             if isinstance(cur, list) and 0 <= item < len(cur):
                 cur = cur[item]
@@ -184,7 +185,9 @@ def _loc_to_key(loc: Tuple[Any, ...], data: Any) -> str:
                 cur = None
             parts.append(label)
         else:
-            key = _display(str(item))
+            if isinstance(cur, dict) and not isinstance(item, str):  # the key as written: True, not 1
+                item = next((k for k in cur if k == item and not isinstance(k, str)), item)
+            key = _display(item if isinstance(item, str) else _yaml_spelling(item))
             parts.append(("." if parts else "") + key)
             cur = cur.get(item) if isinstance(cur, dict) else None
     return "".join(parts)
@@ -239,7 +242,33 @@ def _fields_at(model: Any, loc: Sequence[Any]) -> Optional[List[str]]:
 def _shown(v: Any) -> str:
     if isinstance(v, (dict, list)):
         return _type_word(v)
+    if isinstance(v, (datetime.date, datetime.datetime)):
+        return "the date %s" % v.isoformat()
     return m.show(v) if isinstance(v, str) else repr(v)
+
+
+def _unquoted(v: Any) -> str:
+    """What YAML made of an unquoted scalar where a string belongs, and the cure (quotes)."""
+    if isinstance(v, bool):
+        what = "the boolean %s (an unquoted on/off, yes/no, true/false)" % str(v).lower()
+    elif isinstance(v, int):
+        what = "the number %d (an unquoted number; a leading 0 is read as octal: 0123 is 83)" % v
+    elif isinstance(v, float):
+        what = "the number %r" % v
+    elif isinstance(v, (datetime.date, datetime.datetime)):
+        what = "the date %s" % v.isoformat()
+    else:
+        return ""
+    return "YAML read it as %s: write it in quotes" % what
+
+
+def _yaml_spelling(v: Any) -> str:
+    """A non-string mapping key as YAML would print it (pydantic's location turns ``True`` into ``1``)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (datetime.date, datetime.datetime)):
+        return v.isoformat()
+    return str(v)
 
 
 def _pydantic_problems(rel: str, exc: ValidationError, data: Any, model: Any = None,
@@ -287,6 +316,12 @@ def _pydantic_problems(rel: str, exc: ValidationError, data: Any, model: Any = N
             msg = "expected a mapping, got %s" % _type_word(inp)
         elif typ == "list_type":
             msg = "expected a list, got %s" % _type_word(inp)
+        elif loc and loc[-1] == "[key]" and _unquoted(inp):
+            # a mapping's key that is no string: pydantic's location ends with the key itself, then "[key]"
+            loc = loc[:-2] + (_yaml_spelling(inp),)
+            msg = "a key must be a string; %s" % _unquoted(inp)
+        elif typ == "string_type" and _unquoted(inp):
+            msg = "expected a string; %s" % _unquoted(inp)
         elif msg.startswith("Input should be"):
             msg = "expected %s, got %s" % (msg[len("Input should be "):].split(", unable")[0], _shown(inp))
         out.append((loc, Problem(rel, _loc_to_key(loc, data), msg)))
@@ -798,6 +833,7 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             vaulted.extend(kept)
             vault_taken |= taken
             patched: Dict[int, List[Tuple[str, int, Dict[str, Any]]]] = {}
+            unpatched = data
             if top in patch_targets and isinstance(data.get(top), list):
                 data = copy.deepcopy(data)
                 for i, entry in enumerate(data[top]):
@@ -818,6 +854,9 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             parsed = parse_model(model, data, rel, file_problems, broken, located)
             if patched:
                 file_problems = [_blame_overlay(p, located, patched, top) for p in file_problems]
+                if any(p.file == rel for p in file_problems):
+                    file_problems = _blame_merge(file_problems, located, patched, top, rel,
+                                                 _base_problems(tree, unpatched, model, top, rel))
             if unseeded:
                 file_problems = [p for p in file_problems if not h.unseeded_problem(p, unseeded)]
             problems.extend(file_problems)
@@ -882,7 +921,46 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             if name not in tree.undeclared:
                 tree.undeclared.append(name)
 
+    # a binary given as a relative path (tools/terraform) is relative to the tree, as every other
+    # path in it: the version check, the render and the apply each start it from another directory
+    for name, ex in list(tree.executables.items()):
+        if "/" in ex.binary and not os.path.isabs(ex.binary):
+            tree.executables[name] = ex.model_copy(update={"binary": os.path.normpath(os.path.join(tree.root, ex.binary))})
+
     return tree, problems
+
+
+def _base_problems(tree: Tree, data: Dict[str, Any], model: Type[BaseModel], top: str, rel: str) -> set:
+    """``{(key, message)}`` of the file's problems without the overlays (its runtimes seeded from
+    the hierarchy as the patched file's are, on copies: the tree keeps the patched file's sources)."""
+    data = copy.deepcopy(data)
+    if top == "runtime_builders" and isinstance(data.get(top), list):
+        shadow = copy.copy(tree)
+        shadow.runtime_sources = {}
+        h.seed_runtimes(shadow, data[top], {}, rel)
+    found: List[Problem] = []
+    parse_model(model, data, rel, found, set(), [])
+    return {(p.key, p.message) for p in found}
+
+
+def _blame_merge(problems: List[Problem], located: List[Tuple[Tuple[Any, ...], Problem]],
+                 patched: Dict[int, List[Tuple[str, int, Dict[str, Any]]]], top: str, rel: str,
+                 base: set) -> List[Problem]:
+    """A problem of an entry an overlay patched, at a key the overlay did not set (a key the
+    patch made required, a rule across keys), that the file alone does not have: the merge made
+    it, so it names the last overlay that patched the entry, at the same key path under its entry."""
+    out = []
+    for p in problems:
+        loc = next((l for l, q in located if q is p), None)
+        if (p.file == rel and loc and len(loc) >= 2 and loc[0] == top and isinstance(loc[1], int)
+                and loc[1] in patched and (p.key, p.message) not in base):
+            shown, j, patch = patched[loc[1]][-1]
+            rest = tuple(loc[2:])
+            where = "%s[%d] (%s)%s" % (top, j, _display(patch.get("name")),
+                                       ("." + _loc_to_key(rest, patch)) if rest else "")
+            p = Problem(shown, where, p.message + " (after this overlay's patch of %s)" % rel)
+        out.append(p)
+    return out
 
 
 def _blame_overlay(p: Problem, located: List[Tuple[Tuple[Any, ...], Problem]],

@@ -467,8 +467,11 @@ class Validation:
                     add("storage '%s': lifecycle.expire_days must be later than lifecycle.transition_days (AWS expires "
                         "objects only after their transition), got expire_days %d, transition_days %d"
                         % (st.name, days["expire_days"], days["transition_days"]))
-                if "prefix" in lc and (not isinstance(lc["prefix"], str) or any(c in lc["prefix"] for c in "\n\r")):
-                    add("storage '%s': lifecycle.prefix must be a string" % st.name)
+                if "prefix" in lc and not isinstance(lc["prefix"], str):
+                    add("storage '%s': lifecycle.prefix must be a string, got %s" % (st.name, type(lc["prefix"]).__name__))
+                elif "prefix" in lc and any(c in lc["prefix"] for c in "\n\r"):
+                    add("storage '%s': lifecycle.prefix %r holds a line break (an object key prefix is one line)"
+                        % (st.name, lc["prefix"]))
 
     def ebs_volumes(self) -> None:
         """What CreateVolume takes of a tf-aws-ebs builder: no io1/io2 (they need provisioned IOPS,
@@ -994,7 +997,8 @@ def _meta_problem(name: str, exc: MetaStateError) -> Problem:
     """A meta-state error as a problem naming meta-state/<file> and, when known, the key."""
     text = str(exc)
     label = "meta-state/%s" % name
-    named = re.match(r"^((?:meta-state|s3:)/\S+): ", text)  # the file, or one record object of it
+    # the file, or one record object of it (whose name may hold a space: "test2 copy.yaml")
+    named = re.match(r"^((?:meta-state|s3:)/.*?): ", text)
     if named:
         label, text = named.group(1), text[named.end():]
     key = ""
@@ -1051,6 +1055,9 @@ def load_and_validate(root: str, overlays: Iterable[str] = (), undeclare: Iterab
     if not os.path.isdir(tree.root):
         raise ConfigError(problems)
     meta, meta_problems = read_meta(tree.root)
+    # a meta_state setting the loader refused is refused again by the store it names: once is enough
+    if any(p.file == "cfg/_config.yml" and p.key.split(".")[0] == "meta_state" for p in problems):
+        meta_problems = [p for p in meta_problems if not (p.file == "cfg/_config.yml" and p.key == "meta_state")]
     problems += meta_problems
     if adjust is not None and not problems:
         problems += adjust(tree, meta)

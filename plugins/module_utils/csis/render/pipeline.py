@@ -238,6 +238,9 @@ def render(config_root: str, lifecycles: Sequence[str], dry_run: bool = True, on
         # nothing half-written: when a root fails its init or validate (or a file cannot be
         # written), the render fails and every root it wrote is put back as it was
         note = _put_back(written)
+        if isinstance(exc, OSError) and exc.filename in {p.binary for p in plans + ahead}:
+            raise EmitError("cannot start terraform '%s' (cfg/executables.yml binary): %s%s"
+                            % (exc.filename, exc.strerror or exc, note)) from exc
         if isinstance(exc, OSError):
             raise EmitError("%s: cannot render there: %s%s" % (exc.filename or tree.root, exc.strerror or exc, note)) from exc
         if isinstance(exc, EmitError) and note:
