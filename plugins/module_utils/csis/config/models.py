@@ -185,12 +185,23 @@ def tag_text_problem(text: str) -> Optional[str]:
     return None
 
 
+#: the tag keys csis.infra sets itself, over a declared tag of the same key: ``csis_config`` (the
+#: tree's id, on every resource: drift and the second-checkout rules read it), and the EFS access
+#: points' and S3 group markers' own
+RESERVED_TAG_KEYS = {"csis_config": "set by csis.infra on every resource (the tree's id, cfg/_config.yml id)",
+                     "csis:group": "set by csis.infra on EFS access points and S3 group markers (their group)",
+                     "csis:access": "set by csis.infra on the public-read EFS access point"}
+
+
 def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
     for k, v in tags.items():
         if not k or len(k) > TAG_KEY_MAX:
             raise ValueError("tag key %r must be 1..%d characters" % (k, TAG_KEY_MAX))
         if k.lower().startswith("aws:"):
             raise ValueError("tag key %r: the 'aws:' prefix is reserved by AWS" % k)
+        if k in RESERVED_TAG_KEYS:
+            raise ValueError("tag key %r is %s: a declared value would be replaced; choose another key"
+                             % (k, RESERVED_TAG_KEYS[k]))
         if len(v) > TAG_VALUE_MAX:
             raise ValueError("tag %r: value longer than %d characters" % (k, TAG_VALUE_MAX))
         why = tag_text_problem(k)
