@@ -25,8 +25,10 @@ description:
     start C(active) (the tree would no longer validate). Remove its declaration first.
   - Terraform state is not touched.
   - Idempotent. Forgetting again what was forgotten last (the instance's last generation closed C(why=forgotten),
-    the storage's last audit record its forget) changes nothing and reports C(already_forgotten); a name that nothing
-    ever recorded fails (C(nothing is recorded for it)), as a misspelt name should.
+    the storage's last audit record its forget) changes nothing and reports C(already_forgotten), and so does an
+    instance whose last machine went through its lifecycle (decommissioned or torn down, so no record says it stands; its
+    generation history stays in C(instance-state.yaml)); a name that nothing ever recorded fails
+    (C(nothing is recorded for it)), as a misspelt name should.
 extends_documentation_fragment:
   - csis.infra.controller.tree
   - csis.infra.aws.boto3

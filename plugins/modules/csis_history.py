@@ -87,6 +87,7 @@ as_of:
 """
 
 from ansible_collections.csis.infra.plugins.module_utils.csis.module import CONFIG_ROOT_ARGS, ModuleRun, argument_spec
+from ansible_collections.csis.infra.plugins.module_utils.csis.state.backends import require_tree
 from ansible_collections.csis.infra.plugins.module_utils.csis.state.store import history_report
 
 
@@ -96,6 +97,7 @@ def _history(module, p):
         module.fail_json(msg="revision %d needs an instance or a storage whose records to show as of it (history.yml: "
                              "-e history_revision=%d with -e history_instance=<name> or -e history_storage=<name>)"
                              % (p["revision"], p["revision"]))
+    require_tree(p["config_root"])  # a mistyped csis_config_root is no empty history
     out = history_report(p["config_root"], instance=p["instance"], storage=p["storage"], root=p["root"],
                          since=p["since"], revision=p["revision"], details=p["details"])
     return dict(changed=False, **out)

@@ -10,11 +10,14 @@ archive an attached volume), applied once by the fixture; the tests run in order
 """
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
+from ansible_collections.csis.infra.plugins.module_utils.csis.render import pipeline
 from day2_trees import Runner, make_tree, meta, meta_bytes, tail, text, write_yaml
+from e2e import changed_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +130,12 @@ def test_archive_and_bucket_destroys_in_one_run(tree):
     for b in ("plainb", "versb"):
         assert st[b]["state"] == "destroyed"
         assert st[b]["history"][-1] == {**st[b]["history"][-1], "from": "active", "to": "destroyed", "action": "wipe"}
+    # the roots were rendered again with the recorded states (their files name them): the next
+    # run's render writes nothing, so a re-run reports no change
+    assert "Render the root again, with the storage states this pass recorded" in res.stdout
+    again = pipeline.render(tree.root, ["storage"], dry_run=False, check_mode=True, prepare=False,
+                            overlays=[tree.moto.overlay_path, os.path.join(tree.root, "overlays", "apply-all.yml")])
+    assert [r["key"] for r in again["roots"] if r["changed"]] == [], again["roots"]
 
 
 def test_restore_brings_the_volume_back_from_the_snapshot_and_deletes_it(tree):
@@ -146,8 +155,10 @@ def test_restore_brings_the_volume_back_from_the_snapshot_and_deletes_it(tree):
     assert archive_snaps(tree) == []
     # the tombstones stay
     assert st["plainb"]["state"] == "destroyed" and st["versb"]["state"] == "destroyed"
-    # and the next run is quiet
+    # and the next run is quiet: empty plans, and no task reports a change (the restore's root was
+    # rendered again once the restore was recorded, so this run's render writes nothing)
     res = tree.play("storage.yml")
     assert res.returncode == 0, tail(res)
     plans = re.findall(r"Plan: (\d+) to add, (\d+) to change, (\d+) to destroy", text(res))
     assert plans and all(p == ("0", "0", "0") for p in plans), plans
+    assert changed_tasks(res.stdout) == [], changed_tasks(res.stdout)

@@ -446,12 +446,16 @@ def test_history_playbook_shows_each_step_and_a_record_as_of_a_revision(checkout
     assert "History of s3://%s/%s/meta-state (revision 2)" % (local_aws.STATE_BUCKET, checkouts.prefix) in out
     assert "launch-params.yaml: alias: first" in out and "revision: 1" in out  # as of revision 1
 
-    # a revision without an instance or storage, and a mistyped revision number, are refused (they were
-    # skipped in silence, and read as 0: every revision)
-    for extra, said in ((("-e", "history_revision=1"), "revision 1 needs an instance or a storage whose records to show"),
-                        (("-e", "history_since=abc"), "history_since=abc: pass a revision number")):
+    # a revision without an instance or storage, a mistyped revision number, and a configuration root
+    # that is no tree are refused (they were skipped in silence, read as 0: every revision, and read
+    # as an empty history)
+    missing = str(checkouts("b")) + "-mistyped"
+    for root, extra, said in (
+            (checkouts("b"), ("-e", "history_revision=1"), "revision 1 needs an instance or a storage whose records to show"),
+            (checkouts("b"), ("-e", "history_since=abc"), "history_since=abc: pass a revision number"),
+            (missing, (), "%s: the configuration root does not exist or is not a directory (check csis_config_root)" % missing)):
         proc = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "playbooks/history.yml",
-                               "-e", "csis_config_root=%s" % checkouts("b"), *extra],
+                               "-e", "csis_config_root=%s" % root, *extra],
                               cwd=str(REPO), env=env, capture_output=True, text=True, check=False)
         out = " ".join((proc.stdout + proc.stderr).split())
         assert proc.returncode != 0 and said in out, out[-3000:]

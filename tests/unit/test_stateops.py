@@ -214,6 +214,27 @@ def test_forget_instance(root):
         so.forget_instance(root, "tset2", factory=fake())
 
 
+def test_forget_a_decommissioned_instance_finds_nothing_to_do(root):
+    """An instance whose machine went through its lifecycle (decommissioned) has no record saying it
+    stands: its forget changes nothing and says why, where it said "nothing is recorded for it"
+    (false: instance-state.yaml keeps its generation history, which a forget never deletes)."""
+    with MetaState(root).transaction("test: decommissioned") as txn:
+        txn.save("launch-params.yaml", {"instances": {}})
+        txn.save("pins.yaml", {"instances": {}, "pending_replacements": {}, "upgrades": []})
+        txn.save("instance-state.yaml", {"instances": {"test2": {
+            "generation": {"durable": 1, "ephemeral": 0}, "current": None,
+            "history": [{"number": 1, "instance_id": "i-0aaa", "ami_id": "ami-1", "why": "decommission",
+                         "closed_run": "r7", "closed_at": "2026-12-01T00:00:00Z"}]}}})
+    before = ms(root, "instance-state.yaml")
+    for check in (True, False):
+        res = so.forget_instance(root, "test2", run="r8", factory=fake(), check=check)
+        assert res["already_forgotten"] is True and res["written"] == [] and res["instance_id"] == "i-0aaa", res
+        assert res["checked"] == ("its last machine (i-0aaa) was closed as decommission in run r7, 2026-12-01T00:00:00Z: "
+                                  "nothing records it as standing, so there is nothing to forget (its generation "
+                                  "history stays in instance-state.yaml)"), res
+    assert ms(root, "instance-state.yaml") == before
+
+
 def test_import_storage_refusals(root):
     vol = fake(describe_volumes=Err("InvalidVolume.NotFound"))
     with pytest.raises(so.StateOpError, match="not declared"):

@@ -119,6 +119,14 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     if not recorded and isinstance(last, dict) and last.get("why") == "forgotten":
         return dict(_already("instance", name, "run %s, %s" % (last.get("closed_run"), last.get("closed_at"))),
                     instance_id=last.get("instance_id"))
+    if not recorded and isinstance(last, dict) and last.get("why"):
+        # its machine went through a lifecycle (decommissioned, torn down, gone): no record says
+        # it stands; instance-state.yaml keeps its generation history, which a forget never deletes
+        return {"instance": name, "instance_id": last.get("instance_id"), "already_forgotten": True, "written": [],
+                "checked": "its last machine (%s) was closed as %s in run %s, %s: nothing records it as standing, "
+                           "so there is nothing to forget (its generation history stays in instance-state.yaml)"
+                           % (last.get("instance_id") or "no id recorded", last["why"], last.get("closed_run"),
+                              last.get("closed_at"))}
     if not recorded:
         raise StateOpError("instance '%s': nothing is recorded for it (recorded instances: %s)"
                            % (name, ", ".join(sorted(lps)) or "none"))
