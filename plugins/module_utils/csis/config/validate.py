@@ -842,13 +842,23 @@ class Validation:
         if self.meta.get("launch-params.yaml") is None:
             return
         recorded = (self.meta.get("launch-params.yaml") or {}).get("instances") or {}
+        # names that differ only in letter case (Test, test) give hostnames DNS takes for one name
+        by_fold: Dict[str, List[str]] = {}
+        for name in sorted(set(self.t.instances) | {n for n, r in recorded.items() if isinstance(r, dict) and r.get("launched")}):
+            by_fold.setdefault(name.lower(), []).append(name)
         for name, inst in sorted(self.t.instances.items()):
             rec = recorded.get(name)
             replacing = pending_replacement(self.meta, name)
             if isinstance(rec, dict) and rec.get("launched") and not replacing:
                 continue
             host = canonical_hostname(self.meta, name, inst.ephemeral, replacing)
-            if not HOSTNAME_RE.match(host):
+            twins = [n for n in by_fold[name.lower()] if n != name]
+            if twins:
+                self.add("instance", name, "name",
+                         "instance '%s' and instance '%s' differ only in letter case: their machines' hostnames "
+                         "('%s', '%s-NNN') are one name to DNS; give the instance another name"
+                         % (name, twins[0], host, twins[0]))
+            elif not HOSTNAME_RE.match(host):
                 self.add("instance", name, "name",
                          "instance '%s': its machine's canonical hostname '%s' is no hostname hostnamectl keeps "
                          "(letters, digits and hyphens, single dots between them): the launch script could set it "
