@@ -25,9 +25,10 @@ description:
     start C(active) (the tree would no longer validate). Remove its declaration first.
   - Terraform state is not touched.
   - Idempotent. Forgetting again what was forgotten last (the instance's last generation closed C(why=forgotten),
-    the storage's last audit record its forget) changes nothing and reports C(already_forgotten), and so does an
-    instance whose last machine went through its lifecycle (decommissioned or torn down, so no record says it stands; its
-    generation history stays in C(instance-state.yaml)); a name that nothing ever recorded fails
+    the storage's last audit record its forget) changes nothing and reports C(already_forgotten); an instance whose
+    last machine went through its lifecycle (decommissioned or torn down, so no record says it stands; its generation
+    history stays in C(instance-state.yaml)) changes nothing either and reports C(closed_as); a name that nothing ever
+    recorded fails
     (C(nothing is recorded for it)), as a misspelt name should.
 extends_documentation_fragment:
   - csis.infra.controller.tree
@@ -99,14 +100,24 @@ result:
       returned: with I(storage), unless already forgotten
     checked:
       description:
-        - What the endpoint said of the recorded resource, C(not looked up (<why>)) when nothing looked it up, or
-          C(already forgotten (...); nothing to do).
+        - >-
+          What the endpoint said of the recorded resource, C(not looked up (<why>)) when nothing looked it up,
+          C(already forgotten (...); nothing to do), or why an instance has nothing to forget
+          (C(its last machine (<id>\) was closed as <why> in run <id>, <time>...)).
       type: str
       sample: vol-0123456789abcdef0 is gone
     already_forgotten:
       description: True when the record had already been forgotten (nothing was written).
       type: bool
       returned: when true
+    closed_as:
+      description:
+        - >-
+          With I(instance) whose last machine went through its lifecycle and no record says it stands: why
+          its last generation was closed (C(decommission), C(ephemeral), C(gone), C(replaced)); nothing was written.
+      type: str
+      returned: then
+      sample: decommission
     written:
       description: The meta-state files written (empty in check mode and when already forgotten).
       type: list
@@ -121,7 +132,8 @@ def _forget(module, p):
     fn, name = (forget_instance, p["instance"]) if p["instance"] else (forget_storage, p["storage"])
     res = fn(p["config_root"], name, overlays=p["overlays"], confirm=p["confirm"], run=p["run"], check=module.check_mode,
              force=p["force"], reveal=reveal_of(module))
-    return dict(changed=bool(res["written"]) or (module.check_mode and not res.get("already_forgotten")), result=res)
+    nothing = res.get("already_forgotten") or res.get("closed_as")
+    return dict(changed=bool(res["written"]) or (module.check_mode and not nothing), result=res)
 
 
 RUN = ModuleRun(

@@ -228,7 +228,8 @@ def test_forget_a_decommissioned_instance_finds_nothing_to_do(root):
     before = ms(root, "instance-state.yaml")
     for check in (True, False):
         res = so.forget_instance(root, "test2", run="r8", factory=fake(), check=check)
-        assert res["already_forgotten"] is True and res["written"] == [] and res["instance_id"] == "i-0aaa", res
+        assert res["closed_as"] == "decommission" and "already_forgotten" not in res, res
+        assert res["written"] == [] and res["instance_id"] == "i-0aaa", res
         assert res["checked"] == ("its last machine (i-0aaa) was closed as decommission in run r7, 2026-12-01T00:00:00Z: "
                                   "nothing records it as standing, so there is nothing to forget (its generation "
                                   "history stays in instance-state.yaml)"), res

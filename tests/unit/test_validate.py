@@ -288,10 +288,10 @@ def test_a_hostname_too_long_is_refused_for_a_machine_to_launch_not_for_one_stan
 
 
 @pytest.mark.parametrize("bad, fix", [("web_1", "web-1"), ("db..a", "db-a"), ("end.", "end")])
-def test_a_hostname_hostnamectl_refuses_is_refused_for_a_machine_to_launch_not_for_one_standing(example, bad, fix):
+def test_an_invalid_hostname_is_refused_for_a_machine_to_launch_not_for_one_standing(example, bad, fix):
     """An instance name with ``_`` (or a dot beside a hyphen or another dot) gives a canonical
-    hostname hostnamectl refuses as the static one: the launch script's fallback would set it only
-    until the machine reboots. Refused for a machine still to be launched, with a name that works;
+    hostname that is no valid hostname: hostnamectl changes it (drops the character) or refuses it,
+    and the machine does not get the name the inventory and verification expect. Refused for a machine still to be launched, with a name that works;
     a machine launched under it keeps it."""
     import yaml
     from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params
@@ -302,9 +302,9 @@ def test_a_hostname_hostnamectl_refuses_is_refused_for_a_machine_to_launch_not_f
     [problem] = err.value.problems
     assert problem.key == "instances[1] (%s).name" % bad
     assert problem.message == (
-        "instance '%s': its machine's canonical hostname '%s-001' is no hostname hostnamectl keeps (letters, digits "
-        "and hyphens, single dots between them): the launch script could set it only until the machine reboots; "
-        "give the instance a name such as '%s'" % (bad, bad, fix))
+        "instance '%s': its machine's canonical hostname '%s-001' is not a valid hostname (letters, digits and "
+        "hyphens, single dots between them): the machine would not get it as written (hostnamectl changes or "
+        "refuses it); give the instance a name such as '%s'" % (bad, bad, fix))
     tree = load_tree(example)
     params = dict(compute_launch_params(tree, {}, tree.instances[bad], replacing=False, user_data=False),
                   launched=True, run="r1", launched_run="r1")
@@ -340,3 +340,12 @@ def test_a_relative_binary_is_relative_to_the_tree_wherever_the_run_starts(examp
         pipeline.render(example, ["storage"], dry_run=True)
     assert str(err.value).startswith("cannot start terraform '%s' (cfg/executables.yml binary): No such file or directory"
                                      % os.path.join(example, "tools", "terraform")), err.value
+
+
+def test_required_tags_may_name_csis_config(example):
+    """A declared tag ``csis_config`` is refused (csis.infra sets it), but requiring it is meaningful
+    (the gate then checks every created or updated taggable resource carries it) and validates."""
+    corpus.apply_mutation(example, {"file": "cfg/_config.yml", "replace_text": {
+        "required_tags: [BillingCode, Owner]": "required_tags: [BillingCode, Owner, csis_config]"}})
+    tree, _meta = load_and_validate(example, run_version=corpus.version_stub({}))
+    assert "csis_config" in tree.config.required_tags

@@ -17,7 +17,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, get_args, get_origin
 
 from ..errors import ConfigError, Problem
 from ..yamlio import VALUE_ERRORS, VAULT_TAG, Vaulted, config_loaders, shape_problem, yaml
@@ -852,13 +852,14 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
             located: List[Tuple[Tuple[Any, ...], Problem]] = []
             broken: set = set()
             parsed = parse_model(model, data, rel, file_problems, broken, located)
+            if unseeded:  # (at the file's own index: before a problem is put at an overlay's)
+                file_problems = [p for p in file_problems if not h.unseeded_problem(p, unseeded)]
             if patched:
                 file_problems = [_blame_overlay(p, located, patched, top) for p in file_problems]
                 if any(p.file == rel for p in file_problems):
                     file_problems = _blame_merge(file_problems, located, patched, top, rel,
-                                                 _base_problems(tree, unpatched, model, top, rel))
-            if unseeded:
-                file_problems = [p for p in file_problems if not h.unseeded_problem(p, unseeded)]
+                                                 lambda i, k, d=unpatched: _problems_with(tree, d, model, top, rel,
+                                                                                          patched, i, k))
             problems.extend(file_problems)
             tree.broken |= broken
             tree.broken_kinds.setdefault(kind, set()).update(broken)
@@ -930,35 +931,50 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
     return tree, problems
 
 
-def _base_problems(tree: Tree, data: Dict[str, Any], model: Type[BaseModel], top: str, rel: str) -> set:
-    """``{(key, message)}`` of the file's problems without the overlays (its runtimes seeded from
-    the hierarchy as the patched file's are, on copies: the tree keeps the patched file's sources)."""
+def _problems_with(tree: Tree, data: Dict[str, Any], model: Type[BaseModel], top: str, rel: str,
+                   patched: Dict[int, List[Tuple[str, int, Dict[str, Any]]]], index: int, count: int) -> set:
+    """``{(location, message)}`` of the file's problems with the first ``count`` overlay patches of
+    entry ``index`` merged (0: the file alone), its runtimes seeded from the hierarchy as the patched
+    file's are, on copies (the tree keeps the patched file's sources). A location, not a key path:
+    the patch may spell the entry's name otherwise (names match case-blind)."""
     data = copy.deepcopy(data)
-    if top == "runtime_builders" and isinstance(data.get(top), list):
+    entries = data.get(top)
+    if count and isinstance(entries, list) and 0 <= index < len(entries):
+        for _shown, _j, patch in patched[index][:count]:
+            entries[index] = _deep_merge(entries[index], patch)
+    if top == "runtime_builders" and isinstance(entries, list):
         shadow = copy.copy(tree)
         shadow.runtime_sources = {}
-        h.seed_runtimes(shadow, data[top], {}, rel)
+        h.seed_runtimes(shadow, entries, {index: patched[index][:count]} if count else {}, rel)
     found: List[Problem] = []
-    parse_model(model, data, rel, found, set(), [])
-    return {(p.key, p.message) for p in found}
+    located: List[Tuple[Tuple[Any, ...], Problem]] = []
+    parse_model(model, data, rel, found, set(), located)
+    return {(loc, q.message) for loc, q in located}
 
 
 def _blame_merge(problems: List[Problem], located: List[Tuple[Tuple[Any, ...], Problem]],
                  patched: Dict[int, List[Tuple[str, int, Dict[str, Any]]]], top: str, rel: str,
-                 base: set) -> List[Problem]:
+                 problems_with: Callable[[int, int], set]) -> List[Problem]:
     """A problem of an entry an overlay patched, at a key the overlay did not set (a key the
     patch made required, a rule across keys), that the file alone does not have: the merge made
-    it, so it names the last overlay that patched the entry, at the same key path under its entry."""
+    it, so it names the overlay whose patch first brings it (the entry's patches merged one by
+    one, in the order the run applies them), at the same key path under its entry."""
     out = []
+    base: Dict[int, set] = {}
     for p in problems:
         loc = next((l for l, q in located if q is p), None)
-        if (p.file == rel and loc and len(loc) >= 2 and loc[0] == top and isinstance(loc[1], int)
-                and loc[1] in patched and (p.key, p.message) not in base):
-            shown, j, patch = patched[loc[1]][-1]
-            rest = tuple(loc[2:])
-            where = "%s[%d] (%s)%s" % (top, j, _display(patch.get("name")),
-                                       ("." + _loc_to_key(rest, patch)) if rest else "")
-            p = Problem(shown, where, p.message + " (after this overlay's patch of %s)" % rel)
+        if p.file == rel and loc and len(loc) >= 2 and loc[0] == top and isinstance(loc[1], int) and loc[1] in patched:
+            i = loc[1]
+            if i not in base:
+                base[i] = problems_with(i, 0)
+            if (loc, p.message) not in base[i]:
+                patches = patched[i]
+                k = next((k for k in range(1, len(patches)) if (loc, p.message) in problems_with(i, k)), len(patches))
+                shown, j, patch = patches[k - 1]
+                rest = tuple(loc[2:])
+                where = "%s[%d] (%s)%s" % (top, j, _display(patch.get("name")),
+                                           ("." + _loc_to_key(rest, patch)) if rest else "")
+                p = Problem(shown, where, p.message + " (after this overlay's patch of %s)" % rel)
         out.append(p)
     return out
 

@@ -193,13 +193,15 @@ RESERVED_TAG_KEYS = {"csis_config": "set by csis.infra on every resource (the tr
                      "csis:access": "set by csis.infra on the public-read EFS access point"}
 
 
-def _check_tags(tags: Dict[str, str]) -> Dict[str, str]:
+def _check_tags(tags: Dict[str, str], declared: bool = True) -> Dict[str, str]:
+    """AWS's rules for a tag map; ``declared`` (a map of values, not ``required_tags``' names): no key
+    csis.infra sets itself (:data:`RESERVED_TAG_KEYS`)."""
     for k, v in tags.items():
         if not k or len(k) > TAG_KEY_MAX:
             raise ValueError("tag key %r must be 1..%d characters" % (k, TAG_KEY_MAX))
         if k.lower().startswith("aws:"):
             raise ValueError("tag key %r: the 'aws:' prefix is reserved by AWS" % k)
-        if k in RESERVED_TAG_KEYS:
+        if declared and k in RESERVED_TAG_KEYS:
             raise ValueError("tag key %r is %s: a declared value would be replaced; choose another key"
                              % (k, RESERVED_TAG_KEYS[k]))
         if len(v) > TAG_VALUE_MAX:
@@ -297,7 +299,7 @@ class ConfigFlags(Strict):
     @field_validator("required_tags")
     @classmethod
     def _required_tags(cls, v: List[str]) -> List[str]:
-        _check_tags({k: "" for k in v})
+        _check_tags({k: "" for k in v}, declared=False)  # requiring csis_config is meaningful
         dupes = sorted({k for k in v if v.count(k) > 1})
         if dupes:
             raise ValueError("required_tags lists %s more than once" % ", ".join(show(k) for k in dupes))

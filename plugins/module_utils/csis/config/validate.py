@@ -835,9 +835,9 @@ class Validation:
         """The canonical hostname (``<name>-NNN``) of a machine still to be launched (not launched
         yet, being replaced, an ephemeral one's next) is a legal hostname, 63 characters at most
         (RFC 1123, the rule the alias pool's names follow): a longer one is cut by hostnamectl and is
-        no name DNS or the access server takes; one with a character hostnamectl refuses (``_``, a
-        dot beside a hyphen or another dot) is set by the launch script's fallback only until the
-        machine reboots. A machine standing keeps the hostname it has. Not checked when the launch
+        no name DNS or the access server takes; one with a character a hostname may not hold (``_``,
+        a dot beside a hyphen or another dot) is changed by hostnamectl (which drops it, or refuses
+        the name, and the launch script's fallback then lasts until a reboot). A machine standing keeps the hostname it has. Not checked when the launch
         records could not be read (their rule reports that)."""
         if self.meta.get("launch-params.yaml") is None:
             return
@@ -860,9 +860,9 @@ class Validation:
                          % (name, twins[0], host, twins[0]))
             elif not HOSTNAME_RE.match(host):
                 self.add("instance", name, "name",
-                         "instance '%s': its machine's canonical hostname '%s' is no hostname hostnamectl keeps "
-                         "(letters, digits and hyphens, single dots between them): the launch script could set it "
-                         "only until the machine reboots; give the instance a name such as '%s'"
+                         "instance '%s': its machine's canonical hostname '%s' is not a valid hostname (letters, "
+                         "digits and hyphens, single dots between them): the machine would not get it as written "
+                         "(hostnamectl changes or refuses it); give the instance a name such as '%s'"
                          % (name, host, hostname_fix(name)))
             elif len(host) > HOSTNAME_MAX:
                 self.add("instance", name, "name",

@@ -15,7 +15,9 @@ Every change goes through a :meth:`MetaState.transaction` (lock, atomic replace)
   refusal for a storage whose resource still exists.
 * Forgetting again what was forgotten last (the instance's last generation closed ``why:
   forgotten``; the storage's last audit record a forget of it) changes nothing and says so
-  (``already_forgotten``); a name nothing ever recorded is refused, as a typo should be.
+  (``already_forgotten``); so does forgetting an instance whose last machine went through its
+  lifecycle (decommissioned, torn down: ``closed_as``); a name nothing ever recorded is refused,
+  as a typo should be.
 
 Destroy before delete: a record is deleted once what it records is destroyed. A storage
 recorded ``destroyed`` is forgotten as it is (no lookup). A record that still says the
@@ -122,7 +124,7 @@ def forget_instance(config_root: str, name: str, overlays: Any = (), confirm: bo
     if not recorded and isinstance(last, dict) and last.get("why"):
         # its machine went through a lifecycle (decommissioned, torn down, gone): no record says
         # it stands; instance-state.yaml keeps its generation history, which a forget never deletes
-        return {"instance": name, "instance_id": last.get("instance_id"), "already_forgotten": True, "written": [],
+        return {"instance": name, "instance_id": last.get("instance_id"), "closed_as": last["why"], "written": [],
                 "checked": "its last machine (%s) was closed as %s in run %s, %s: nothing records it as standing, "
                            "so there is nothing to forget (its generation history stays in instance-state.yaml)"
                            % (last.get("instance_id") or "no id recorded", last["why"], last.get("closed_run"),
