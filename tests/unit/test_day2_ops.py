@@ -277,6 +277,11 @@ def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path
         record.mark_upgrade(root, "eph", "r1")
     with pytest.raises(record.RecordError, match="not launched"):
         record.mark_upgrade(root, "nope", "r1")
+    # an argument that is no instance name is refused as the argument (not as a meta-state record name)
+    for fn in (record.mark_upgrade, record.cancel_upgrade):
+        for check in (True, False):
+            with pytest.raises(record.RecordError, match=r"^instance '\.\./test2' is not an instance name .*: check -e instance$"):
+                fn(root, "../test2", "r1", check=check)
 
 
 def _meta_files(root):

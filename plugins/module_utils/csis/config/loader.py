@@ -782,6 +782,11 @@ def load_tree_partial(root: str, overlays: Iterable[str] = (),
         vaulted.extend(kept)
         vault_taken |= taken
         parsed = parse_model(m.OverlayFile, data, shown, problems)
+        known = {k: v for k, v in data.items() if k in m.OverlayFile.model_fields}
+        if parsed is None and known != data:
+            # an unknown top-level key (reported above) does not hide what the rest of the overlay
+            # would do wrong: every problem at once (the run fails on the unknown key anyway)
+            parsed = parse_model(m.OverlayFile, known, shown, [])
         if parsed is not None:
             overlay_data.append((shown, parsed, _overlay_config(shown, parsed.config, problems)))
 

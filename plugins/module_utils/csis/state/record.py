@@ -582,6 +582,15 @@ def last_verification(meta: Mapping[str, Any], instance: str) -> Optional[Dict[s
     return None
 
 
+def _instance_name(instance: str) -> None:
+    """Refuse an argument that is no instance name (``-e instance=../x``) as the argument it is, not
+    as a meta-state record name."""
+    from ..config.names import NAME_RE
+    if not isinstance(instance, str) or not NAME_RE.match(instance):
+        raise RecordError("instance %r is not an instance name (letters, digits, '_', '.', '-', starting with a letter "
+                          "or digit, at most 63 characters): check -e instance" % (instance,))
+
+
 def _upgradable(instance: str, launch: Any) -> None:
     """Refuse an upgrade of an instance that is not launched, or is ephemeral."""
     if not isinstance(launch, dict) or not launch.get("launched"):
@@ -615,6 +624,7 @@ def mark_upgrade(config_root: str, instance: str, run: str, to: Optional[str] = 
     ``check``: read only (no lock, nothing written); ``pending`` is the marker a real call would
     leave (check mode: the render previews the replacement with it, csis_render's ``preview_upgrades``).
     """
+    _instance_name(instance)
     ms = MetaState(config_root)
     if check:
         _upgradable(instance, ms.load_record("launch-params.yaml", instance))
@@ -646,6 +656,7 @@ def cancel_upgrade(config_root: str, instance: str, run: str, requested_by: Opti
     """Remove the pending replacement marker of ``instance`` (:func:`mark_upgrade`) before a run
     applied it; ``pending`` is the marker removed (None: there was none, nothing changes).
     ``check``: read only; ``pending`` is the marker a real call would remove."""
+    _instance_name(instance)
     ms = MetaState(config_root)
     if check:
         old = ms.load_rest("pins.yaml")["pending_replacements"].get(instance)
