@@ -280,7 +280,7 @@ def test_an_upgrade_marker_is_left_for_a_launched_durable_instance_only(tmp_path
     # an argument that is no instance name is refused as the argument (not as a meta-state record name)
     for fn in (record.mark_upgrade, record.cancel_upgrade):
         for check in (True, False):
-            with pytest.raises(record.RecordError, match=r"^instance '\.\./test2' is not an instance name .*: check -e instance$"):
+            with pytest.raises(record.RecordError, match=r"^instance '\.\./test2' must not contain '/' or '\\': check -e instance$"):
                 fn(root, "../test2", "r1", check=check)
 
 

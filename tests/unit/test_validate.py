@@ -265,25 +265,30 @@ def test_sizes_past_the_edges_are_refused(example):
          "storage builder 'aws-ebs': size 16385 GiB is outside what AWS takes for volume_type gp2: 1 to 16384 GiB")]
 
 
+def _launched_under(example, name):
+    """Record the instance as launched under ``name`` (its launch parameters as a launch records them)."""
+    import yaml
+    from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params
+
+    tree = load_tree(example)
+    params = dict(compute_launch_params(tree, {}, tree.instances[name], replacing=False, user_data=False),
+                  launched=True, run="r1", launched_run="r1")
+    os.makedirs(os.path.join(example, "meta-state"), exist_ok=True)
+    with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump({"instances": {name: params}}, fh, sort_keys=False)
+
+
 def test_a_hostname_too_long_is_refused_for_a_machine_to_launch_not_for_one_standing(example):
     """A machine still to be launched whose canonical hostname (<name>-NNN) is over 63 characters is
     refused (the launch could not set it); one launched with it keeps it: a standing machine is
     never refused for the name it runs under."""
-    import yaml
-    from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params
-
     long_name = "b" * 60
     corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.1.name": long_name}})
     with pytest.raises(ConfigError) as err:
         load_and_validate(example, run_version=corpus.version_stub({}))
     [problem] = err.value.problems
     assert problem.key == "instances[1] (%s).name" % long_name and "would be 64 characters" in problem.message
-    tree = load_tree(example)
-    params = dict(compute_launch_params(tree, {}, tree.instances[long_name], replacing=False, user_data=False),
-                  launched=True, run="r1", launched_run="r1")
-    os.makedirs(os.path.join(example, "meta-state"), exist_ok=True)
-    with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
-        yaml.safe_dump({"instances": {long_name: params}}, fh, sort_keys=False)
+    _launched_under(example, long_name)
     load_and_validate(example, run_version=corpus.version_stub({}))
 
 
@@ -291,11 +296,8 @@ def test_a_hostname_too_long_is_refused_for_a_machine_to_launch_not_for_one_stan
 def test_an_invalid_hostname_is_refused_for_a_machine_to_launch_not_for_one_standing(example, bad, fix):
     """An instance name with ``_`` (or a dot beside a hyphen or another dot) gives a canonical
     hostname that is no valid hostname: hostnamectl changes it (drops the character) or refuses it,
-    and the machine does not get the name the inventory and verification expect. Refused for a machine still to be launched, with a name that works;
-    a machine launched under it keeps it."""
-    import yaml
-    from ansible_collections.csis.infra.plugins.module_utils.csis.render.launch import compute_launch_params
-
+    and the machine does not get the name the inventory and verification expect. Refused for a
+    machine still to be launched, with a name that works; a machine launched under it keeps it."""
     corpus.apply_mutation(example, {"file": "instances/instances.yaml", "set": {"instances.1.name": bad}})
     with pytest.raises(ConfigError) as err:
         load_and_validate(example, run_version=corpus.version_stub({}))
@@ -305,12 +307,7 @@ def test_an_invalid_hostname_is_refused_for_a_machine_to_launch_not_for_one_stan
         "instance '%s': its machine's canonical hostname '%s-001' is not a valid hostname (letters, digits and "
         "hyphens, single dots between them): the machine would not get it as written (hostnamectl changes or "
         "refuses it); give the instance a name such as '%s'" % (bad, bad, fix))
-    tree = load_tree(example)
-    params = dict(compute_launch_params(tree, {}, tree.instances[bad], replacing=False, user_data=False),
-                  launched=True, run="r1", launched_run="r1")
-    os.makedirs(os.path.join(example, "meta-state"), exist_ok=True)
-    with open(os.path.join(example, "meta-state", "launch-params.yaml"), "w", encoding="utf-8") as fh:
-        yaml.safe_dump({"instances": {bad: params}}, fh, sort_keys=False)
+    _launched_under(example, bad)
     load_and_validate(example, run_version=corpus.version_stub({}))
 
 

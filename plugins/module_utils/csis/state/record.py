@@ -585,10 +585,11 @@ def last_verification(meta: Mapping[str, Any], instance: str) -> Optional[Dict[s
 def _instance_name(instance: str) -> None:
     """Refuse an argument that is no instance name (``-e instance=../x``) as the argument it is, not
     as a meta-state record name."""
-    from ..config.names import NAME_RE
-    if not isinstance(instance, str) or not NAME_RE.match(instance):
-        raise RecordError("instance %r is not an instance name (letters, digits, '_', '.', '-', starting with a letter "
-                          "or digit, at most 63 characters): check -e instance" % (instance,))
+    from ..config.models import check_name
+    try:
+        check_name(instance, "instance")
+    except ValueError as exc:
+        raise RecordError("%s: check -e instance" % exc) from None
 
 
 def _upgradable(instance: str, launch: Any) -> None:
